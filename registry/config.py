@@ -1,0 +1,200 @@
+"""Configuration (design §11): a TOML file, overridden by `REGISTRY_<SECTION>__<KEY>` environment
+variables (lists as JSON), overridden by command-line flags. Validated once, at start, with
+messages that name the key and the source.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from registry.did import is_did, public_key_from_did_key
+
+
+class ConfigError(Exception):
+    """The configuration is unreadable or invalid; the message says which key and why."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _did_key(value: str) -> str:
+    try:
+        public_key_from_did_key(value)
+    except ValueError:
+        raise ValueError(f"{value!r} is not an Ed25519 did:key") from None
+    return value
+
+
+class ServerConfig(_Section):
+    host: str = "127.0.0.1"
+    port: Annotated[int, Field(ge=0, le=65535)] = 8080
+    public_origin: str = "http://127.0.0.1:8080"
+    data_dir: Path = Path(".registry")
+    key_file: str = ""
+    trusted_proxies: int = 0  # how many X-Forwarded-For hops to trust for client addresses
+    graceful_timeout_seconds: Annotated[float, Field(ge=0, le=600)] = 10.0
+
+    @property
+    def key_path(self) -> Path:
+        return Path(self.key_file) if self.key_file else self.data_dir / "registry.key"
+
+
+class DatabaseConfig(_Section):
+    url: str = ""
+    pool_min: Annotated[int, Field(ge=1, le=100)] = 2
+    pool_max: Annotated[int, Field(ge=1, le=200)] = 16
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        if value and not value.startswith(("postgres://", "postgresql://")):
+            raise ValueError("must be a postgresql:// URL, or empty for the embedded default")
+        return value
+
+
+class AuthConfig(_Section):
+    admin_dids: list[str] = Field(default_factory=list)
+    federation_dids: list[str] = Field(default_factory=list)
+    session_ttl_seconds: Annotated[int, Field(ge=60, le=30 * 86400)] = 43200
+    chain_id: str = "registry:local"
+    root_did: str = ""  # empty: the registry's own DID
+    identity_resolver_url: str = ""
+    default_capabilities: list[str] = Field(
+        default_factory=lambda: ["entries.write", "report", "attest", "discover.federated"]
+    )
+
+    @field_validator("admin_dids", "federation_dids")
+    @classmethod
+    def _dids(cls, values: list[str]) -> list[str]:
+        return [_did_key(v) for v in values]
+
+    @field_validator("root_did")
+    @classmethod
+    def _root(cls, value: str) -> str:
+        if value and not is_did(value):
+            raise ValueError(f"{value!r} is not a DID")
+        return value
+
+    @field_validator("identity_resolver_url")
+    @classmethod
+    def _resolver(cls, value: str) -> str:
+        if value and not value.startswith(("http://", "https://")):
+            raise ValueError("must be an http(s) URL, or empty for the built-in did:key identity")
+        return value
+
+
+class LimitsConfig(_Section):
+    read_per_minute: Annotated[int, Field(ge=1)] = 1200
+    write_per_minute: Annotated[int, Field(ge=1)] = 120
+    query_per_minute: Annotated[int, Field(ge=1)] = 300
+    max_page_size: Annotated[int, Field(ge=1, le=1000)] = 100
+    default_page_size: Annotated[int, Field(ge=1, le=1000)] = 20
+    entry_body_bytes: Annotated[int, Field(ge=1024)] = 1024 * 1024
+    query_body_bytes: Annotated[int, Field(ge=1024)] = 64 * 1024
+    federation_body_bytes: Annotated[int, Field(ge=1024)] = 4 * 1024 * 1024
+    small_body_bytes: Annotated[int, Field(ge=1024)] = 64 * 1024
+
+
+class AnchoringConfig(_Section):
+    enabled: bool = True
+    batch_size: Annotated[int, Field(ge=1, le=100_000)] = 256
+    block_interval_seconds: Annotated[float, Field(gt=0)] = 2.0
+    finality_depth: Annotated[int, Field(ge=0)] = 3
+    max_attempts: Annotated[int, Field(ge=1)] = 5
+
+
+class PeerConfig(_Section):
+    peer_did: str
+    endpoint: str
+    agreement_ids: list[str] = Field(default_factory=lambda: ["default"])
+    kinds: list[Literal["sync", "discover"]] = Field(default_factory=lambda: ["sync", "discover"])
+
+    @field_validator("peer_did")
+    @classmethod
+    def _peer(cls, value: str) -> str:
+        return _did_key(value)
+
+
+class FederationConfig(_Section):
+    peers: list[PeerConfig] = Field(default_factory=list)
+
+
+class LoggingConfig(_Section):
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    format: Literal["json", "text"] = "text"
+
+
+class Config(_Section):
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    database: DatabaseConfig = Field(default_factory=DatabaseConfig)
+    auth: AuthConfig = Field(default_factory=AuthConfig)
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    anchoring: AnchoringConfig = Field(default_factory=AnchoringConfig)
+    federation: FederationConfig = Field(default_factory=FederationConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+
+
+ENV_PREFIX = "REGISTRY_"
+
+
+def _env_overrides(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for name, raw in environ.items():
+        if not name.startswith(ENV_PREFIX) or "__" not in name or name == "REGISTRY_CONFIG":
+            continue
+        section, _, key = name[len(ENV_PREFIX) :].partition("__")
+        section, key = section.lower(), key.lower()
+        if section not in Config.model_fields:
+            raise ConfigError(f"{name}: there is no [{section}] section")
+        value: Any = raw
+        if raw[:1] in "[{":
+            try:
+                value = json.loads(raw)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"{name}: not valid JSON ({exc.msg})") from None
+        out.setdefault(section, {})[key] = value
+    return out
+
+
+def load_config(
+    path: Path | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Mapping[str, Any]] | None = None,
+) -> Config:
+    """File < environment < `overrides` (the command-line flags)."""
+    environ = os.environ if environ is None else environ
+    if path is None and environ.get("REGISTRY_CONFIG"):
+        path = Path(environ["REGISTRY_CONFIG"])
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            data = tomllib.loads(path.read_text())
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read the configuration file ({exc.strerror})") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: invalid TOML ({exc})") from None
+    for layer in (_env_overrides(environ), overrides or {}):
+        for section, values in layer.items():
+            current = data.setdefault(section, {})
+            if not isinstance(current, dict):
+                raise ConfigError(f"[{section}] must be a table")
+            current.update({k: v for k, v in values.items() if v is not None})
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors(include_url=False, include_input=False):
+            where = ".".join(str(p) for p in err["loc"])
+            reason = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+            problems.append(f"{where}: {reason.removeprefix('Value error, ')}")
+        source = f" (from {path} and REGISTRY_* variables)" if path else ""
+        raise ConfigError("invalid configuration" + source + ":\n  " + "\n  ".join(problems)) from None

@@ -1,0 +1,86 @@
+"""DIDs: W3C DID Core syntax for entry DIDs, and did:key (Ed25519) for every principal.
+
+A did:key Ed25519 DID is `did:key:z` + base58btc(0xed 0x01 ‖ 32-byte public key); its key id is
+`<did>#<the same z… string>`, and the controller of a key id is the part before `#`.
+"""
+
+from __future__ import annotations
+
+import re
+
+from registry.errors import Invalid
+
+_B58 = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
+_B58_INDEX = {c: i for i, c in enumerate(_B58)}
+ED25519_MULTICODEC = b"\xed\x01"
+
+# DID Core §3.1: did:method-name:method-specific-id, with pct-encoding; 2 KiB is our bound.
+_DID_RE = re.compile(
+    r"did:[a-z0-9]+:(?:(?:[A-Za-z0-9._-]|%[0-9A-Fa-f]{2})*:)*(?:[A-Za-z0-9._-]|%[0-9A-Fa-f]{2})+"
+)
+MAX_DID_LENGTH = 2048
+
+
+def b58encode(data: bytes) -> str:
+    number = int.from_bytes(data, "big")
+    out = []
+    while number:
+        number, rem = divmod(number, 58)
+        out.append(_B58[rem])
+    zeros = len(data) - len(data.lstrip(b"\0"))
+    return "1" * zeros + "".join(reversed(out))
+
+
+def b58decode(text: str) -> bytes:
+    number = 0
+    for char in text:
+        try:
+            number = number * 58 + _B58_INDEX[char]
+        except KeyError:
+            raise ValueError(f"invalid base58 character {char!r}") from None
+    zeros = len(text) - len(text.lstrip("1"))
+    body = number.to_bytes((number.bit_length() + 7) // 8, "big") if number else b""
+    return b"\0" * zeros + body
+
+
+def is_did(value: str) -> bool:
+    return len(value) <= MAX_DID_LENGTH and _DID_RE.fullmatch(value) is not None
+
+
+def check_did(value: object, field: str) -> str:
+    if not isinstance(value, str) or not is_did(value):
+        raise Invalid(f"{field} is not a valid DID", code="invalid_did", details={"field": field})
+    return value
+
+
+def did_key_from_public_key(public_key: bytes) -> str:
+    if len(public_key) != 32:
+        raise ValueError("an Ed25519 public key is 32 bytes")
+    return "did:key:z" + b58encode(ED25519_MULTICODEC + public_key)
+
+
+def public_key_from_did_key(did: str) -> bytes:
+    """The raw Ed25519 key of a did:key DID; `ValueError` when it is not one."""
+    if not did.startswith("did:key:z") or len(did) > 128:
+        raise ValueError("not an Ed25519 did:key")
+    raw = b58decode(did[len("did:key:z") :])
+    if len(raw) != 34 or raw[:2] != ED25519_MULTICODEC:
+        raise ValueError("not an Ed25519 did:key")
+    return raw[2:]
+
+
+def key_id_for(did: str) -> str:
+    return f"{did}#{did[len('did:key:') :]}"
+
+
+def controller_of(key_id: str) -> str:
+    return key_id.split("#", 1)[0]
+
+
+def public_key_from_key_id(key_id: str) -> bytes:
+    """The key a key id names. The fragment must be the DID's own multibase key."""
+    did, sep, fragment = key_id.partition("#")
+    key = public_key_from_did_key(did)
+    if sep and fragment != did[len("did:key:") :]:
+        raise ValueError("key id fragment does not name the DID's key")
+    return key

@@ -1,0 +1,238 @@
+"""Wire models (pydantic v2), defined once: the API, the client and the federation read these.
+
+The models *validate* the JSON a client sent; they never re-serialise it. Signatures and hashes are
+checked over the parsed JSON as received (`registry.entries`), and the stored/served form of an
+entry is the received document plus the registry-managed fields, canonicalised with JCS.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Annotated, Any, Literal, TypeVar
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+)
+
+from registry.did import is_did
+from registry.errors import Invalid
+
+_RFC3339 = re.compile(
+    r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(?:\.\d{1,9})?(?:[Zz]|[+-]\d{2}:\d{2})"
+)
+_URI = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:[^\s\x00-\x1f\x7f]+")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def parse_datetime(value: str) -> datetime:
+    """An RFC 3339 date-time with an explicit offset; `ValueError` otherwise."""
+    if not _RFC3339.fullmatch(value):
+        raise ValueError("must be an RFC 3339 date-time with offset, e.g. 2026-01-02T03:04:05Z")
+    text = value.upper().replace("Z", "+00:00")
+    head, dot, rest = text.partition(".")
+    if dot:  # Python 3.11 parses at most 6 fractional digits; keep microseconds
+        digits = re.match(r"\d+", rest)
+        assert digits is not None
+        text = head + "." + digits.group()[:6].ljust(6, "0") + rest[digits.end() :]
+    return datetime.fromisoformat(text)
+
+
+def _date_time(value: str) -> str:
+    parse_datetime(value)
+    return value
+
+
+def _did(value: str) -> str:
+    if not is_did(value):
+        raise ValueError("must be a DID (did:<method>:<method-specific-id>)")
+    return value
+
+
+def _uri(value: str) -> str:
+    if not _URI.fullmatch(value):
+        raise ValueError("must be an absolute URI")
+    return value
+
+
+def _printable(value: str) -> str:
+    if _CONTROL.search(value):
+        raise ValueError("must not contain control characters")
+    return value
+
+
+DateTime = Annotated[str, AfterValidator(_date_time)]
+Did = Annotated[str, StringConstraints(max_length=2048), AfterValidator(_did)]
+Uri = Annotated[str, StringConstraints(max_length=2048), AfterValidator(_uri)]
+Label = Annotated[str, StringConstraints(min_length=1, max_length=256), AfterValidator(_printable)]
+Tag = Annotated[str, StringConstraints(min_length=1, max_length=64), AfterValidator(_printable)]
+Token = Annotated[str, StringConstraints(pattern=r"^[A-Za-z][A-Za-z0-9._-]{0,63}$")]
+
+LIFECYCLE_STATES = ("draft", "active", "deprecated", "revoked", "deleted")
+LifecycleStatus = Literal["draft", "active", "deprecated", "revoked"]
+
+
+class WireModel(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", populate_by_name=False, frozen=True)
+
+
+class Signature(WireModel):
+    algorithm: Literal["Ed25519"]
+    key_id: Annotated[str, StringConstraints(min_length=1, max_length=256)] = Field(alias="keyId")
+    value: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{86}$")]
+    created: DateTime | None = None
+
+
+class Relationship(WireModel):
+    relationship_type: Token = Field(alias="relationshipType")
+    target_did: Did = Field(alias="targetDid")
+    label: Label | None = None
+
+
+class SemanticAnnotation(WireModel):
+    predicate_uri: Uri = Field(alias="predicateUri")
+    object_uri: Uri | None = Field(default=None, alias="objectUri")
+    object_literal: Annotated[str, StringConstraints(max_length=4096)] | None = Field(
+        default=None, alias="objectLiteral"
+    )
+
+
+class ServiceEndpoint(WireModel):
+    id: Annotated[str, StringConstraints(min_length=1, max_length=256)]
+    type: Token
+    url: Uri
+    priority: Annotated[int, Field(ge=0, le=1_000_000)] | None = None
+    properties: dict[str, Any] | None = None
+
+
+class RegistryEntry(WireModel):
+    """The entry (spec 2.1): the canonical wire and stored form of every artifact."""
+
+    entry_did: Did = Field(alias="entryDid")
+    entry_type: Token = Field(alias="entryType")
+    item_data: Any = Field(alias="itemData")
+    item_data_hash: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")] = Field(
+        alias="itemDataHash"
+    )
+    item_schema_uri: Uri = Field(alias="itemSchemaUri")
+    registry_version: Annotated[str, StringConstraints(min_length=1, max_length=32)] = Field(
+        alias="registryVersion"
+    )
+    name: Label
+    published_at: DateTime = Field(alias="publishedAt")
+    publisher_did: Did = Field(alias="publisherDid")
+    signature: Signature
+    version: Annotated[str, StringConstraints(min_length=1, max_length=64)]
+    description: Annotated[str, StringConstraints(max_length=8192)] | None = None
+    access_policy: Any = Field(default=None, alias="accessPolicy")
+    bond_reference: Any = Field(default=None, alias="bondReference")
+    custom_metadata: dict[str, Any] | None = Field(default=None, alias="customMetadata")
+    lifecycle_status: LifecycleStatus | None = Field(default=None, alias="lifecycleStatus")
+    lineage_reference: Any = Field(default=None, alias="lineageReference")
+    relationships: Annotated[list[Relationship], Field(max_length=256)] | None = None
+    semantic_annotations: Annotated[list[SemanticAnnotation], Field(max_length=256)] | None = (
+        Field(default=None, alias="semanticAnnotations")
+    )
+    service_endpoints: Annotated[list[ServiceEndpoint], Field(max_length=64)] | None = Field(
+        default=None, alias="serviceEndpoints"
+    )
+    shard_assignment: Annotated[str, StringConstraints(max_length=256)] | None = Field(
+        default=None, alias="shardAssignment"
+    )
+    tags: Annotated[list[Tag], Field(max_length=64)] | None = None
+    # Registry-managed: accepted (a client may send back what it read) and then replaced.
+    sequence: Annotated[int, Field(ge=1)] | None = None
+    anchor_state: str | None = Field(default=None, alias="anchorState")
+    updated_at: DateTime | None = Field(default=None, alias="updatedAt")
+    verifiable_attestations: list[Any] | None = Field(
+        default=None, alias="verifiableAttestations"
+    )
+
+
+def _loc(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif not part.startswith(("function-", "constrained-", "lax-", "strict-")):
+            out += ("." if out else "") + part
+    return out or "body"
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def validate_model(model: type[M], data: Any, *, code: str) -> M:
+    """Validate parsed JSON against a wire model; the 400 names the first offending field."""
+    try:
+        return model.model_validate(data, strict=True)
+    except ValidationError as exc:
+        errors = [
+            {"field": _loc(err["loc"]), "reason": err["msg"].removeprefix("Value error, ")}
+            for err in exc.errors(include_url=False, include_input=False)
+        ]
+        first = errors[0]
+        if first["reason"] == "Extra inputs are not permitted":
+            first["reason"] = "unknown field"
+        raise Invalid(
+            f"{first['field']}: {first['reason']}", code=code, details={"errors": errors[:20]}
+        ) from None
+
+
+# --- API bodies ---------------------------------------------------------------------------------
+
+
+class ChallengeRequest(WireModel):
+    audience: Annotated[str, StringConstraints(min_length=1, max_length=256)]
+
+
+class Challenge(WireModel):
+    version: Literal[1]
+    kind: Literal["siws"]
+    audience: str
+    origin: str
+    chain_id: str = Field(alias="chainId")
+    nonce: str
+    request_id: str = Field(alias="requestId")
+    issued_at_ms: int = Field(alias="issuedAtMs")
+    expires_at_ms: int = Field(alias="expiresAtMs")
+    hmr_did: str = Field(alias="hmrDid")
+    root_did: str | None = Field(default=None, alias="rootDid")
+
+
+class SignInResponse(WireModel):
+    kind: Literal["siws"]
+    chain_id: str = Field(alias="chainId")
+    origin: str
+    message: Annotated[str, StringConstraints(max_length=8192)]
+    digest: str
+    transcript: Annotated[str, StringConstraints(max_length=16384)]
+    signature: str
+    signer_did: Annotated[str, StringConstraints(max_length=256)] = Field(alias="signerDid")
+    signer_public_key: Annotated[str, StringConstraints(max_length=128)] = Field(
+        alias="signerPublicKey"
+    )
+
+
+class VerifyRequest(WireModel):
+    audience: Annotated[str, StringConstraints(min_length=1, max_length=256)]
+    challenge: Challenge
+    response: SignInResponse
+
+
+class ErrorBody(WireModel):
+    code: str
+    message: str
+    details: dict[str, Any] | None = None
+    request_id: str = Field(alias="requestId")
+
+
+class ErrorResponse(WireModel):
+    """Every error response: `{"error": {code, message, details?, requestId}}`."""
+
+    error: ErrorBody

@@ -1,0 +1,313 @@
+"""PostgreSQL adapter of the storage port: asyncpg, driven from Trio through trio-asyncio.
+
+Each public method is one asyncio coroutine run with `aio_as_trio`, so a use-case crosses the
+Trio/asyncio seam once per store call, and every write is a single statement (a plpgsql function)
+that commits on its own: one round trip, one transaction, nothing half-applied.
+
+Foreign exceptions are translated here: the functions raise SQLSTATE `RG409`/`RG404` with the
+error code as message, which become `Conflict`/`NotFound`; a lost connection becomes
+`Unavailable`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any, ParamSpec, TypeVar
+
+import asyncpg
+import trio
+import trio_asyncio
+
+from registry.errors import Conflict, NotFound, Unavailable
+from registry.store import (
+    EntryHead,
+    EntryWrite,
+    IdemKey,
+    IdemState,
+    LogRecord,
+    SessionRecord,
+)
+
+log = logging.getLogger(__name__)
+P = ParamSpec("P")
+T = TypeVar("T")
+
+_CONFLICT_MESSAGES = {
+    "entry_exists": "an entry with this DID exists or existed",
+    "sequence_conflict": "the entry changed since the version this request is based on",
+    "idempotency_conflict": "this Idempotency-Key was already used for another request",
+}
+
+
+def _translate(exc: BaseException) -> BaseException:
+    if isinstance(exc, asyncpg.PostgresError):
+        state = getattr(exc, "sqlstate", "")
+        code = str(getattr(exc, "message", "")) or "conflict"
+        if state == "RG409":
+            return Conflict(_CONFLICT_MESSAGES.get(code, code), code=code)
+        if state == "RG404":
+            return NotFound("entry not found", code="entry_not_found")
+    if isinstance(
+        exc,
+        asyncpg.exceptions.ConnectionDoesNotExistError
+        | asyncpg.exceptions.CannotConnectNowError
+        | asyncpg.exceptions.TooManyConnectionsError
+        | ConnectionError
+        | OSError,
+    ):
+        return Unavailable("the database is unavailable", code="database_unavailable")
+    return exc
+
+
+def _seam(fn: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
+    """Run an asyncio coroutine method from Trio, translating driver errors."""
+    bridged = trio_asyncio.aio_as_trio(fn)
+
+    async def call(*args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return await bridged(*args, **kwargs)  # type: ignore[no-any-return]
+        except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError) as exc:
+            translated = _translate(exc)
+            if translated is exc:
+                raise
+            raise translated from None
+
+    call.__name__ = fn.__name__
+    call.__doc__ = fn.__doc__
+    return call
+
+
+def _ms(value: Any) -> int:
+    return int(value.timestamp() * 1000)
+
+
+class PgStore:
+    """The registry's PostgreSQL store. Open with `open_pg_store` inside a trio-asyncio loop."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+
+    # --- health ---------------------------------------------------------------------------
+
+    @_seam
+    async def ping(self) -> None:
+        await self._pool.fetchval("SELECT 1")
+
+    @_seam
+    async def schema_version(self) -> int:
+        value = await self._pool.fetchval("SELECT coalesce(max(version), 0) FROM schema_migrations")
+        return int(value)
+
+    # --- idempotency ----------------------------------------------------------------------
+
+    @_seam
+    async def idem_begin(self, key: IdemKey, lease_seconds: float) -> IdemState:
+        row = await self._pool.fetchrow(
+            "SELECT * FROM idem_begin($1, $2, $3, $4, $5)",
+            key.scope, key.operation, key.key, key.fingerprint, lease_seconds,
+        )
+        assert row is not None
+        return IdemState(row["outcome"], bytes(row["fingerprint"]), row["status"], row["response"])
+
+    @_seam
+    async def idem_finish(self, key: IdemKey, status: int | None, response: str | None) -> None:
+        await self._pool.execute(
+            "SELECT idem_finish($1, $2, $3, $4, $5, $6)",
+            key.scope, key.operation, key.key, key.fingerprint, status, response,
+        )
+
+    # --- entries --------------------------------------------------------------------------
+
+    @_seam
+    async def write_entry(self, write: EntryWrite, idem: IdemKey | None) -> tuple[int, str]:
+        row = await self._pool.fetchrow(
+            "SELECT seq, doc FROM entry_write($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13)",
+            write.kind, write.entry_did, write.expected_head, write.publisher_did,
+            write.entry_type, write.lifecycle, write.prefix, write.suffix,
+            idem.scope if idem else None, idem.operation if idem else None,
+            idem.key if idem else None, idem.fingerprint if idem else None, write.status,
+        )
+        assert row is not None
+        return int(row["seq"]), str(row["doc"])
+
+    @_seam
+    async def get_entry_head(self, entry_did: str) -> EntryHead | None:
+        row = await self._pool.fetchrow(
+            "SELECT head_seq, publisher_did, lifecycle, doc FROM entries WHERE entry_did = $1",
+            entry_did,
+        )
+        if row is None:
+            return None
+        return EntryHead(entry_did, row["head_seq"], row["publisher_did"], row["lifecycle"], row["doc"])
+
+    @_seam
+    async def list_versions(
+        self, entry_did: str, before_seq: int | None, limit: int
+    ) -> tuple[list[str], int]:
+        async with self._pool.acquire() as conn:
+            rows = await conn.fetch(
+                "SELECT doc FROM entry_versions WHERE entry_did = $1 AND lifecycle <> 'deleted'"
+                " AND ($2::bigint IS NULL OR seq < $2) ORDER BY seq DESC LIMIT $3",
+                entry_did, before_seq, limit,
+            )
+            total = await conn.fetchval(
+                "SELECT count(*) FROM entry_versions WHERE entry_did = $1 AND lifecycle <> 'deleted'",
+                entry_did,
+            )
+        return [r["doc"] for r in rows], int(total)
+
+    @_seam
+    async def get_version(self, entry_did: str, seq: int) -> str | None:
+        value = await self._pool.fetchval(
+            "SELECT doc FROM entry_versions WHERE entry_did = $1 AND seq = $2"
+            " AND lifecycle <> 'deleted'",
+            entry_did, seq,
+        )
+        return None if value is None else str(value)
+
+    # --- sign-in --------------------------------------------------------------------------
+
+    @_seam
+    async def put_challenge(self, nonce: str, challenge: dict[str, Any], expires_ms: int) -> None:
+        await self._pool.execute(
+            "WITH gc AS (DELETE FROM challenges WHERE expires_at < now() - interval '1 hour')"
+            " INSERT INTO challenges (nonce, challenge, expires_at)"
+            " VALUES ($1, $2::jsonb, to_timestamp($3 / 1000.0))",
+            nonce, json.dumps(challenge), expires_ms,
+        )
+
+    @_seam
+    async def get_challenge(self, nonce: str) -> dict[str, Any] | None:
+        value = await self._pool.fetchval("SELECT challenge FROM challenges WHERE nonce = $1", nonce)
+        return None if value is None else dict(json.loads(value))
+
+    @_seam
+    async def open_session(self, nonce: str, token_hash: bytes, session: SessionRecord) -> bool:
+        """Burn the challenge and open the session atomically; False if it was already used."""
+        async with self._pool.acquire() as conn, conn.transaction():
+            burnt = await conn.fetchval(
+                "DELETE FROM challenges WHERE nonce = $1 RETURNING 1", nonce
+            )
+            if burnt is None:
+                return False
+            await conn.execute(
+                "INSERT INTO sessions (token_hash, principal, hmr_did, root_did, root_kind,"
+                " capabilities, expires_at) VALUES ($1,$2,$3,$4,$5,$6, to_timestamp($7 / 1000.0))",
+                token_hash, session.principal, session.hmr_did, session.root_did,
+                session.root_kind, list(session.capabilities), session.expires_at_ms,
+            )
+        return True
+
+    @_seam
+    async def get_session(self, token_hash: bytes) -> SessionRecord | None:
+        row = await self._pool.fetchrow(
+            "SELECT principal, hmr_did, root_did, root_kind, capabilities, expires_at"
+            " FROM sessions WHERE token_hash = $1 AND revoked_at IS NULL AND expires_at > now()",
+            token_hash,
+        )
+        if row is None:
+            return None
+        return SessionRecord(
+            row["principal"], row["hmr_did"], row["root_did"], row["root_kind"],
+            tuple(row["capabilities"]), _ms(row["expires_at"]),
+        )
+
+    @_seam
+    async def revoke_session(self, token_hash: bytes) -> bool:
+        value = await self._pool.fetchval(
+            "UPDATE sessions SET revoked_at = now() WHERE token_hash = $1 AND revoked_at IS NULL"
+            " RETURNING 1",
+            token_hash,
+        )
+        return value is not None
+
+    # --- the log --------------------------------------------------------------------------
+
+    @_seam
+    async def log_after(self, after_seq: int, limit: int) -> list[LogRecord]:
+        rows = await self._pool.fetch(
+            "SELECT seq, kind, entry_did, at, data FROM log WHERE seq > $1 ORDER BY seq LIMIT $2",
+            after_seq, limit,
+        )
+        return [
+            LogRecord(r["seq"], r["kind"], r["entry_did"], _ms(r["at"]), json.loads(r["data"]))
+            for r in rows
+        ]
+
+    @_seam
+    async def log_head(self) -> int:
+        return int(await self._pool.fetchval("SELECT seq FROM log_head WHERE id = 1"))
+
+    # --- notifications --------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def listen(self, channel: str) -> AsyncIterator[Notifications]:
+        """Receive NOTIFY payloads of `channel` on a dedicated connection while inside."""
+        notes = Notifications()
+        conn = await trio_asyncio.aio_as_trio(self._pool.acquire)()
+        try:
+            await trio_asyncio.aio_as_trio(conn.add_listener)(channel, notes.push)
+            yield notes
+        finally:
+            with trio.CancelScope(shield=True):
+                try:
+                    await trio_asyncio.aio_as_trio(conn.remove_listener)(channel, notes.push)
+                finally:
+                    await trio_asyncio.aio_as_trio(self._pool.release)(conn)
+
+
+class Notifications:
+    """A bounded buffer of NOTIFY payloads; overflow is reported, never silently dropped."""
+
+    LIMIT = 10_000
+
+    def __init__(self) -> None:
+        self._pending: list[str] = []
+        self._lost = False
+        self._wake = trio.Event()
+
+    def push(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+        if len(self._pending) >= self.LIMIT:
+            self._lost = True
+            self._pending.clear()
+        else:
+            self._pending.append(payload)
+        self._wake.set()
+
+    async def receive(self) -> list[str] | None:
+        """The next batch of payloads, or None when some were lost (start over)."""
+        await self._wake.wait()
+        self._wake = trio.Event()
+        batch, self._pending = self._pending, []
+        if self._lost:
+            self._lost = False
+            return None
+        return batch
+
+
+async def _init_connection(conn: asyncpg.Connection) -> None:
+    await conn.execute("SET TIME ZONE 'UTC'")
+
+
+@asynccontextmanager
+async def open_pg_store(dsn: str, *, min_size: int = 2, max_size: int = 10) -> AsyncIterator[PgStore]:
+    """A connection pool for the duration of the block. Needs a running trio-asyncio loop."""
+
+    async def create() -> asyncpg.Pool:
+        return await asyncpg.create_pool(
+            dsn, min_size=min_size, max_size=max_size, init=_init_connection,
+            command_timeout=30, server_settings={"application_name": "registry"},
+        )
+
+    try:
+        pool = await trio_asyncio.aio_as_trio(create)()
+    except (OSError, asyncpg.PostgresError) as exc:
+        raise Unavailable(f"cannot connect to the database: {exc}", code="database_unavailable") from exc
+    try:
+        yield PgStore(pool)
+    finally:
+        with trio.CancelScope(shield=True):
+            await trio_asyncio.aio_as_trio(pool.close)()
