@@ -1,0 +1,1 @@
+"""Long-lived Trio tasks that own mutable state and talk over memory channels."""

@@ -1,0 +1,1 @@
+"""The HTTP edge: Quart-Trio routes, authentication, idempotency and error mapping."""

@@ -54,7 +54,8 @@ def _parse_int(literal: str) -> int:
     if -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER:
         return value
     raise _Rejected(
-        "unsafe_integer", f"integer {literal[:40]} is outside ±(2^53-1) and cannot be signed exactly"
+        "unsafe_integer",
+        f"integer {literal[:40]} is outside ±(2^53-1) and cannot be signed exactly",
     )
 
 

@@ -115,7 +115,9 @@ class PeerConfig(_Section):
     peer_did: str
     endpoint: str
     agreement_ids: list[str] = Field(default_factory=lambda: ["default"])
-    kinds: list[Literal["sync", "discover"]] = Field(default_factory=lambda: ["sync", "discover"])
+    kinds: list[Literal["sync", "discover"]] = Field(
+        default_factory=lambda: ["sync", "discover"]  # type: ignore[arg-type]
+    )
 
     @field_validator("peer_did")
     @classmethod
@@ -179,7 +181,9 @@ def load_config(
         try:
             data = tomllib.loads(path.read_text())
         except OSError as exc:
-            raise ConfigError(f"{path}: cannot read the configuration file ({exc.strerror})") from None
+            raise ConfigError(
+                f"{path}: cannot read the configuration file ({exc.strerror})"
+            ) from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{path}: invalid TOML ({exc})") from None
     for layer in (_env_overrides(environ), overrides or {}):
@@ -197,4 +201,6 @@ def load_config(
             reason = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
             problems.append(f"{where}: {reason.removeprefix('Value error, ')}")
         source = f" (from {path} and REGISTRY_* variables)" if path else ""
-        raise ConfigError("invalid configuration" + source + ":\n  " + "\n  ".join(problems)) from None
+        raise ConfigError(
+            "invalid configuration" + source + ":\n  " + "\n  ".join(problems)
+        ) from None

@@ -183,7 +183,9 @@ def _top_level_member_offset(text: str, name: str) -> int:
     raise ValueError(f"no top-level member {name!r}")
 
 
-def sign_entry(entry: dict[str, Any], key: SigningKey, *, created: str | None = None) -> dict[str, Any]:
+def sign_entry(
+    entry: dict[str, Any], key: SigningKey, *, created: str | None = None
+) -> dict[str, Any]:
     """Fill `itemDataHash` and `signature` of an entry with `key` (what a publisher does)."""
     out = {k: v for k, v in entry.items() if k not in UNSIGNED_FIELDS}
     out["publisherDid"] = key.did

@@ -1,6 +1,7 @@
 """Ed25519 signing keys and their key files.
 
-Key file: JSON `{"type": "Ed25519", "did": "did:key:z…", "seed": base64url(32-byte seed)}`, mode 0600.
+Key file: JSON `{"type": "Ed25519", "did": "did:key:z…", "seed": base64url(32-byte seed)}`,
+written with mode 0600.
 """
 
 from __future__ import annotations

@@ -135,8 +135,8 @@ class RegistryEntry(WireModel):
     lifecycle_status: LifecycleStatus | None = Field(default=None, alias="lifecycleStatus")
     lineage_reference: Any = Field(default=None, alias="lineageReference")
     relationships: Annotated[list[Relationship], Field(max_length=256)] | None = None
-    semantic_annotations: Annotated[list[SemanticAnnotation], Field(max_length=256)] | None = (
-        Field(default=None, alias="semanticAnnotations")
+    semantic_annotations: Annotated[list[SemanticAnnotation], Field(max_length=256)] | None = Field(
+        default=None, alias="semanticAnnotations"
     )
     service_endpoints: Annotated[list[ServiceEndpoint], Field(max_length=64)] | None = Field(
         default=None, alias="serviceEndpoints"
@@ -149,9 +149,7 @@ class RegistryEntry(WireModel):
     sequence: Annotated[int, Field(ge=1)] | None = None
     anchor_state: str | None = Field(default=None, alias="anchorState")
     updated_at: DateTime | None = Field(default=None, alias="updatedAt")
-    verifiable_attestations: list[Any] | None = Field(
-        default=None, alias="verifiableAttestations"
-    )
+    verifiable_attestations: list[Any] | None = Field(default=None, alias="verifiableAttestations")
 
 
 def _loc(loc: tuple[int | str, ...]) -> str:

@@ -77,9 +77,7 @@ def _public_key_matches(text: str, expected: bytes) -> bool:
     return False
 
 
-def build_response(
-    challenge: dict[str, Any], key: SigningKey
-) -> dict[str, str]:
+def build_response(challenge: dict[str, Any], key: SigningKey) -> dict[str, str]:
     """What a client sends as `response` (used by `registry.client` and the tests)."""
     message = render_message(challenge, key.did)
     return {

@@ -84,7 +84,9 @@ async def _migrate(dsn: str, migrations: list[Migration]) -> list[int]:
                 await conn.execute(migration.sql)
                 await conn.execute(
                     "INSERT INTO schema_migrations (version, name, checksum) VALUES ($1, $2, $3)",
-                    migration.version, migration.name, migration.checksum,
+                    migration.version,
+                    migration.name,
+                    migration.checksum,
                 )
             applied_now.append(migration.version)
             log.info("applied migration %04d_%s", migration.version, migration.name)
@@ -103,5 +105,7 @@ async def _migrate(dsn: str, migrations: list[Migration]) -> list[int]:
 
 async def migrate(dsn: str, migrations: list[Migration] | None = None) -> list[int]:
     """Apply pending migrations (from Trio, inside a trio-asyncio loop). Returns those applied."""
-    result: list[int] = await trio_asyncio.aio_as_trio(_migrate)(dsn, migrations or load_migrations())
+    result: list[int] = await trio_asyncio.aio_as_trio(_migrate)(
+        dsn, migrations or load_migrations()
+    )
     return result

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from typing import Any, ParamSpec, TypeVar
 
@@ -62,7 +62,7 @@ def _translate(exc: BaseException) -> BaseException:
     return exc
 
 
-def _seam(fn: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
+def _seam(fn: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, Coroutine[Any, Any, T]]:
     """Run an asyncio coroutine method from Trio, translating driver errors."""
     bridged = trio_asyncio.aio_as_trio(fn)
 
@@ -107,7 +107,11 @@ class PgStore:
     async def idem_begin(self, key: IdemKey, lease_seconds: float) -> IdemState:
         row = await self._pool.fetchrow(
             "SELECT * FROM idem_begin($1, $2, $3, $4, $5)",
-            key.scope, key.operation, key.key, key.fingerprint, lease_seconds,
+            key.scope,
+            key.operation,
+            key.key,
+            key.fingerprint,
+            lease_seconds,
         )
         assert row is not None
         return IdemState(row["outcome"], bytes(row["fingerprint"]), row["status"], row["response"])
@@ -116,7 +120,12 @@ class PgStore:
     async def idem_finish(self, key: IdemKey, status: int | None, response: str | None) -> None:
         await self._pool.execute(
             "SELECT idem_finish($1, $2, $3, $4, $5, $6)",
-            key.scope, key.operation, key.key, key.fingerprint, status, response,
+            key.scope,
+            key.operation,
+            key.key,
+            key.fingerprint,
+            status,
+            response,
         )
 
     # --- entries --------------------------------------------------------------------------
@@ -125,10 +134,19 @@ class PgStore:
     async def write_entry(self, write: EntryWrite, idem: IdemKey | None) -> tuple[int, str]:
         row = await self._pool.fetchrow(
             "SELECT seq, doc FROM entry_write($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13)",
-            write.kind, write.entry_did, write.expected_head, write.publisher_did,
-            write.entry_type, write.lifecycle, write.prefix, write.suffix,
-            idem.scope if idem else None, idem.operation if idem else None,
-            idem.key if idem else None, idem.fingerprint if idem else None, write.status,
+            write.kind,
+            write.entry_did,
+            write.expected_head,
+            write.publisher_did,
+            write.entry_type,
+            write.lifecycle,
+            write.prefix,
+            write.suffix,
+            idem.scope if idem else None,
+            idem.operation if idem else None,
+            idem.key if idem else None,
+            idem.fingerprint if idem else None,
+            write.status,
         )
         assert row is not None
         return int(row["seq"]), str(row["doc"])
@@ -141,7 +159,9 @@ class PgStore:
         )
         if row is None:
             return None
-        return EntryHead(entry_did, row["head_seq"], row["publisher_did"], row["lifecycle"], row["doc"])
+        return EntryHead(
+            entry_did, row["head_seq"], row["publisher_did"], row["lifecycle"], row["doc"]
+        )
 
     @_seam
     async def list_versions(
@@ -151,10 +171,13 @@ class PgStore:
             rows = await conn.fetch(
                 "SELECT doc FROM entry_versions WHERE entry_did = $1 AND lifecycle <> 'deleted'"
                 " AND ($2::bigint IS NULL OR seq < $2) ORDER BY seq DESC LIMIT $3",
-                entry_did, before_seq, limit,
+                entry_did,
+                before_seq,
+                limit,
             )
             total = await conn.fetchval(
-                "SELECT count(*) FROM entry_versions WHERE entry_did = $1 AND lifecycle <> 'deleted'",
+                "SELECT count(*) FROM entry_versions"
+                " WHERE entry_did = $1 AND lifecycle <> 'deleted'",
                 entry_did,
             )
         return [r["doc"] for r in rows], int(total)
@@ -164,7 +187,8 @@ class PgStore:
         value = await self._pool.fetchval(
             "SELECT doc FROM entry_versions WHERE entry_did = $1 AND seq = $2"
             " AND lifecycle <> 'deleted'",
-            entry_did, seq,
+            entry_did,
+            seq,
         )
         return None if value is None else str(value)
 
@@ -176,12 +200,16 @@ class PgStore:
             "WITH gc AS (DELETE FROM challenges WHERE expires_at < now() - interval '1 hour')"
             " INSERT INTO challenges (nonce, challenge, expires_at)"
             " VALUES ($1, $2::jsonb, to_timestamp($3 / 1000.0))",
-            nonce, json.dumps(challenge), expires_ms,
+            nonce,
+            json.dumps(challenge),
+            expires_ms,
         )
 
     @_seam
     async def get_challenge(self, nonce: str) -> dict[str, Any] | None:
-        value = await self._pool.fetchval("SELECT challenge FROM challenges WHERE nonce = $1", nonce)
+        value = await self._pool.fetchval(
+            "SELECT challenge FROM challenges WHERE nonce = $1", nonce
+        )
         return None if value is None else dict(json.loads(value))
 
     @_seam
@@ -196,8 +224,13 @@ class PgStore:
             await conn.execute(
                 "INSERT INTO sessions (token_hash, principal, hmr_did, root_did, root_kind,"
                 " capabilities, expires_at) VALUES ($1,$2,$3,$4,$5,$6, to_timestamp($7 / 1000.0))",
-                token_hash, session.principal, session.hmr_did, session.root_did,
-                session.root_kind, list(session.capabilities), session.expires_at_ms,
+                token_hash,
+                session.principal,
+                session.hmr_did,
+                session.root_did,
+                session.root_kind,
+                list(session.capabilities),
+                session.expires_at_ms,
             )
         return True
 
@@ -211,8 +244,12 @@ class PgStore:
         if row is None:
             return None
         return SessionRecord(
-            row["principal"], row["hmr_did"], row["root_did"], row["root_kind"],
-            tuple(row["capabilities"]), _ms(row["expires_at"]),
+            row["principal"],
+            row["hmr_did"],
+            row["root_did"],
+            row["root_kind"],
+            tuple(row["capabilities"]),
+            _ms(row["expires_at"]),
         )
 
     @_seam
@@ -230,7 +267,8 @@ class PgStore:
     async def log_after(self, after_seq: int, limit: int) -> list[LogRecord]:
         rows = await self._pool.fetch(
             "SELECT seq, kind, entry_did, at, data FROM log WHERE seq > $1 ORDER BY seq LIMIT $2",
-            after_seq, limit,
+            after_seq,
+            limit,
         )
         return [
             LogRecord(r["seq"], r["kind"], r["entry_did"], _ms(r["at"]), json.loads(r["data"]))
@@ -293,19 +331,27 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
 
 
 @asynccontextmanager
-async def open_pg_store(dsn: str, *, min_size: int = 2, max_size: int = 10) -> AsyncIterator[PgStore]:
+async def open_pg_store(
+    dsn: str, *, min_size: int = 2, max_size: int = 10
+) -> AsyncIterator[PgStore]:
     """A connection pool for the duration of the block. Needs a running trio-asyncio loop."""
 
     async def create() -> asyncpg.Pool:
         return await asyncpg.create_pool(
-            dsn, min_size=min_size, max_size=max_size, init=_init_connection,
-            command_timeout=30, server_settings={"application_name": "registry"},
+            dsn,
+            min_size=min_size,
+            max_size=max_size,
+            init=_init_connection,
+            command_timeout=30,
+            server_settings={"application_name": "registry"},
         )
 
     try:
         pool = await trio_asyncio.aio_as_trio(create)()
     except (OSError, asyncpg.PostgresError) as exc:
-        raise Unavailable(f"cannot connect to the database: {exc}", code="database_unavailable") from exc
+        raise Unavailable(
+            f"cannot connect to the database: {exc}", code="database_unavailable"
+        ) from exc
     try:
         yield PgStore(pool)
     finally:

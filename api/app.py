@@ -1,0 +1,49 @@
+"""The Quart-Trio application: routes registered on one app, errors mapped in one place."""
+
+from __future__ import annotations
+
+from quart import Response, request
+from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
+
+from api import auth, entries, ops
+from api.errors import error_response
+from api.http import Deps, new_request_id
+from registry.errors import Invalid, MethodNotAllowed, NotFound, RegistryError, TooLarge
+
+
+def create_app(dependencies: Deps) -> QuartTrio:
+    app = QuartTrio("registry")
+    limits = dependencies.config.limits
+    app.config["MAX_CONTENT_LENGTH"] = max(
+        limits.entry_body_bytes,
+        limits.query_body_bytes,
+        limits.federation_body_bytes,
+        limits.small_body_bytes,
+    )
+    app.config["PROVIDE_AUTOMATIC_OPTIONS"] = False
+    app.deps = dependencies  # type: ignore[attr-defined]
+    entries.register(app)
+    auth.register(app)
+    ops.register(app)
+
+    @app.errorhandler(HTTPException)
+    async def http_error(exc: HTTPException) -> Response:
+        mapped: RegistryError
+        if exc.code == 404:
+            mapped = NotFound(f"no route for {request.path}", code="route_not_found")
+        elif exc.code == 405:
+            mapped = MethodNotAllowed(f"{request.method} is not allowed on {request.path}")
+        elif exc.code == 413:
+            mapped = TooLarge("body exceeds the admission limit")
+        elif exc.code is not None and 400 <= exc.code < 500:
+            mapped = Invalid(exc.description or "bad request", code="bad_request")
+        else:
+            mapped = RegistryError("internal server error")
+        return error_response(mapped, new_request_id())
+
+    @app.errorhandler(Exception)
+    async def unexpected(exc: Exception) -> Response:
+        return error_response(exc, new_request_id())
+
+    return app

@@ -1,0 +1,105 @@
+"""Entry routes (spec 4.1, design §4)."""
+
+from __future__ import annotations
+
+from quart import Response, request
+from quart_trio import QuartTrio
+
+from api.http import Ctx, deps, dumps, endpoint, json_response
+from api.idempotency import idempotent
+from registry.errors import Invalid
+from registry.store import IdemKey
+
+
+def _etag(sequence: int) -> str:
+    return f'"s{sequence}"'
+
+
+def _int_param(name: str) -> int | None:
+    raw = request.args.get(name)
+    if raw is None:
+        return None
+    if not raw.lstrip("-").isdigit() or len(raw) > 19:
+        raise Invalid(f"{name} must be an integer", code=f"invalid_{name}")
+    return int(raw)
+
+
+def register(app: QuartTrio) -> None:
+    @app.post("/v1/entries")
+    @endpoint("write", auth="required", body_limit="entry_body_bytes")
+    async def create_entry(ctx: Ctx) -> Response:
+        data = ctx.json()
+        assert ctx.principal is not None
+        principal = ctx.principal
+
+        async def effect(idem: IdemKey) -> tuple[int, str, bool]:
+            served = await deps().registry.create_entry(principal, data, idem)
+            ctx.extra_headers["ETag"] = _etag(served.sequence)
+            ctx.extra_headers["Location"] = f"/v1/entries/{data['entryDid']}"
+            return 201, served.doc, True
+
+        return await idempotent(ctx, "create_entry", effect)
+
+    @app.put("/v1/entries/<did>")
+    @endpoint("write", auth="required", body_limit="entry_body_bytes")
+    async def update_entry(ctx: Ctx, did: str) -> Response:
+        data = ctx.json()
+        assert ctx.principal is not None
+        principal = ctx.principal
+
+        async def effect(idem: IdemKey) -> tuple[int, str, bool]:
+            served = await deps().registry.update_entry(principal, did, data, idem)
+            ctx.extra_headers["ETag"] = _etag(served.sequence)
+            return 200, served.doc, True
+
+        return await idempotent(ctx, "update_entry", effect)
+
+    @app.delete("/v1/entries/<did>")
+    @endpoint("write", auth="required")
+    async def delete_entry(ctx: Ctx, did: str) -> Response:
+        assert ctx.principal is not None
+        principal = ctx.principal
+
+        async def effect(idem: IdemKey) -> tuple[int, str, bool]:
+            served = await deps().registry.delete_entry(principal, did, idem)
+            return 200, served.doc, True
+
+        return await idempotent(ctx, "delete_entry", effect)
+
+    @app.get("/v1/entries/<did>")
+    @endpoint("read")
+    async def get_entry(ctx: Ctx, did: str) -> Response:
+        served = await deps().registry.get_entry(did)
+        etag = _etag(served.sequence)
+        if request.headers.get("If-None-Match") in (etag, f"W/{etag}", "*"):
+            return Response(b"", status=304, headers={"ETag": etag})
+        return json_response(served.doc, 200, ETag=etag)
+
+    @app.get("/v1/entries/<did>/lineage")
+    @endpoint("read")
+    async def get_entry_lineage(ctx: Ctx, did: str) -> Response:
+        import json
+
+        served = await deps().registry.get_entry(did)
+        lineage = json.loads(served.doc).get("lineageReference")
+        return json_response(dumps({"entryDid": did, "lineage": lineage}))
+
+    @app.get("/v1/entries/<did>/versions")
+    @endpoint("read")
+    async def list_entry_versions(ctx: Ctx, did: str) -> Response:
+        docs, cursor, has_more, total = await deps().registry.list_versions(
+            did, limit=_int_param("limit"), cursor=request.args.get("cursor")
+        )
+        head = '{"entryDid":' + dumps(did) + ',"versions":[' + ",".join(docs) + "]"
+        tail = f',"hasMore":{"true" if has_more else "false"},"totalCount":{total}'
+        if cursor is not None:
+            tail = ',"cursor":' + dumps(cursor) + tail
+        return json_response(head + tail + "}")
+
+    @app.get("/v1/entries/<did>/versions/<sequence>")
+    @endpoint("read")
+    async def get_entry_version(ctx: Ctx, did: str, sequence: str) -> Response:
+        if not sequence.isdigit() or sequence.startswith("0") or len(sequence) > 19:
+            raise Invalid("sequence must be a positive integer", code="invalid_sequence")
+        doc = await deps().registry.get_version(did, int(sequence))
+        return json_response(doc)

@@ -1,0 +1,45 @@
+"""The one place errors become HTTP responses (design §7).
+
+A `RegistryError` becomes its status and an `ErrorResponse`; anything else is logged with its
+traceback and answered with a generic 500 that carries only the request id.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from typing import Any
+
+from quart import Response
+
+from registry.errors import RateLimited, RegistryError
+
+log = logging.getLogger("registry.api")
+
+
+def error_body(code: str, message: str, request_id: str, details: dict[str, Any] | None) -> str:
+    error: dict[str, Any] = {"code": code, "message": message, "requestId": request_id}
+    if details:
+        error["details"] = details
+    return json.dumps({"error": error}, ensure_ascii=False, separators=(",", ":"))
+
+
+def error_response(exc: BaseException, request_id: str) -> Response:
+    if isinstance(exc, RegistryError):
+        status, code, message, details = exc.status, exc.code, exc.message, exc.details
+    else:
+        log.error("unhandled error (request %s)", request_id, exc_info=exc)
+        status, code, message, details = 500, "internal_error", "internal server error", None
+    response = Response(
+        error_body(code, message, request_id, details),
+        status=status,
+        content_type="application/json",
+    )
+    response.headers["X-Request-Id"] = request_id
+    if isinstance(exc, RateLimited):
+        response.headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))
+        response.headers["RateLimit-Limit"] = str(exc.limit)
+        response.headers["RateLimit-Remaining"] = "0"
+        response.headers["RateLimit-Reset"] = str(max(1, math.ceil(exc.retry_after)))
+    return response

@@ -1,0 +1,192 @@
+"""Per-request plumbing shared by every route: request id, admission, auth, rate limits, bodies.
+
+`endpoint(...)` wraps a route so that every response — success or error, ours or Quart's — carries
+`X-Request-Id`, the rate-limit headers of the bucket it used, and an `ErrorResponse` on failure.
+Order of checks: declared size (413) → session (401/403) → rate limit (429) → body read with the
+limit enforced while streaming (413) → strict JSON (400) → the handler.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+import secrets
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from quart import Response, current_app, request
+from werkzeug.exceptions import RequestEntityTooLarge
+
+from actors.ratelimiter import RateLimiter
+from api.errors import error_response
+from registry import canonical
+from registry.config import Config
+from registry.errors import Invalid, RateLimited, TooLarge, Unauthorized, UnsupportedMediaType
+from registry.ratelimit import Decision
+from registry.service import Principal, Registry
+
+SESSION_COOKIE = "registry_session"
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
+
+
+@dataclass
+class Deps:
+    """What routes need, attached to the app as `app.deps`."""
+
+    registry: Registry
+    limiter: RateLimiter
+    config: Config
+
+
+def deps() -> Deps:
+    return current_app.deps  # type: ignore[attr-defined, no-any-return]
+
+
+@dataclass
+class Ctx:
+    """The state of one request, handed to the route."""
+
+    request_id: str
+    principal: Principal | None = None
+    body: bytes = b""
+    decision: Decision | None = None
+    extra_headers: dict[str, str] = field(default_factory=dict)
+
+    def json(self) -> Any:
+        return parse_json(self.body)
+
+
+def parse_json(body: bytes) -> Any:
+    if not body:
+        raise Invalid("a JSON body is required", code="invalid_json")
+    return canonical.parse_strict(body)
+
+
+def new_request_id() -> str:
+    supplied = request.headers.get("X-Request-Id", "")
+    return supplied if _REQUEST_ID.match(supplied) else secrets.token_hex(8)
+
+
+def client_address(config: Config) -> str:
+    hops = config.server.trusted_proxies
+    if hops:
+        forwarded = [p.strip() for p in request.headers.get("X-Forwarded-For", "").split(",") if p]
+        if len(forwarded) >= hops:
+            return forwarded[-hops]
+    return request.remote_addr or "unknown"
+
+
+def bearer_token() -> str | None:
+    header = request.headers.get("Authorization")
+    if header:
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise Unauthorized("Authorization must be 'Bearer <token>'", code="session_invalid")
+        return token.strip()
+    return request.cookies.get(SESSION_COOKIE) or None
+
+
+async def read_body(limit: int) -> bytes:
+    declared = request.headers.get("Content-Length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise TooLarge(
+            f"body exceeds the admission limit of {limit} bytes", details={"limitBytes": limit}
+        )
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async for chunk in request.body:
+            size += len(chunk)
+            if size > limit:
+                raise TooLarge(
+                    f"body exceeds the admission limit of {limit} bytes",
+                    details={"limitBytes": limit},
+                )
+            chunks.append(chunk)
+    except RequestEntityTooLarge:
+        raise TooLarge(
+            f"body exceeds the admission limit of {limit} bytes", details={"limitBytes": limit}
+        ) from None
+    return b"".join(chunks)
+
+
+def _check_content_type() -> None:
+    content_type = request.headers.get("Content-Type")
+    if content_type is None:
+        return  # tolerated: the body must still be JSON
+    media = content_type.split(";", 1)[0].strip().lower()
+    if media != "application/json" and not media.endswith("+json"):
+        raise UnsupportedMediaType(
+            "Content-Type must be application/json", code="unsupported_media_type"
+        )
+
+
+def rate_headers(decision: Decision, headers: Any) -> None:
+    headers["RateLimit-Limit"] = str(decision.limit)
+    headers["RateLimit-Remaining"] = str(decision.remaining)
+    headers["RateLimit-Reset"] = str(math.ceil(decision.reset_after))
+
+
+def endpoint(
+    klass: str,
+    *,
+    auth: str = "none",  # "none" | "optional" | "required"
+    body_limit: str | None = None,  # a LimitsConfig field name; None: no body
+) -> Callable[[Callable[..., Awaitable[Response]]], Callable[..., Awaitable[Response]]]:
+    def wrap(handler: Callable[..., Awaitable[Response]]) -> Callable[..., Awaitable[Response]]:
+        @functools.wraps(handler)
+        async def route(**kwargs: Any) -> Response:
+            ctx = Ctx(new_request_id())
+            d = deps()
+            try:
+                limit = getattr(d.config.limits, body_limit) if body_limit else 0
+                declared = request.headers.get("Content-Length")
+                if body_limit and declared and declared.isdigit() and int(declared) > limit:
+                    raise TooLarge(
+                        f"body exceeds the admission limit of {limit} bytes",
+                        details={"limitBytes": limit},
+                    )
+                if auth != "none":
+                    token = bearer_token()
+                    if token is not None:
+                        ctx.principal = await d.registry.authenticate(token)
+                    elif auth == "required":
+                        raise Unauthorized("a session is required", code="session_missing")
+                client = ctx.principal.did if ctx.principal else client_address(d.config)
+                ctx.decision = await d.limiter.acquire(klass, client)
+                if not ctx.decision.allowed:
+                    raise RateLimited(
+                        f"{klass} rate limit exceeded",
+                        retry_after=ctx.decision.retry_after,
+                        limit=ctx.decision.limit,
+                        code=f"{klass}_rate_limited",
+                    )
+                if body_limit:
+                    _check_content_type()
+                    ctx.body = await read_body(limit)
+                response = await handler(ctx, **kwargs)
+            except Exception as exc:  # mapped in one place; unknown errors become a bare 500
+                response = error_response(exc, ctx.request_id)
+            response.headers["X-Request-Id"] = ctx.request_id
+            if ctx.decision is not None and ctx.decision.allowed:
+                rate_headers(ctx.decision, response.headers)
+            for name, value in ctx.extra_headers.items():
+                response.headers[name] = value
+            return response
+
+        return route
+
+    return wrap
+
+
+def json_response(body: str | bytes, status: int = 200, **headers: str) -> Response:
+    response = Response(body, status=status, content_type="application/json")
+    for name, value in headers.items():
+        response.headers[name.replace("_", "-")] = value
+    return response
+
+
+def dumps(value: Any) -> str:
+    return canonical.canonicalize(value).decode("utf-8")

@@ -1,0 +1,60 @@
+"""HTTP identity resolver: `GET <url>?did=<signer>` → `{rootDid, rootKind, hmrDid}`.
+
+Any transport failure, non-200 answer or malformed body is an `UpstreamFailed` (502 at sign-in);
+a peer's error is never presented as ours.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import httpx
+
+from registry.did import is_did
+from registry.errors import UpstreamFailed
+from registry.identity import Identity
+
+
+class HttpIdentityResolver:
+    def __init__(self, url: str, client: httpx.AsyncClient) -> None:
+        self._url = url
+        self._client = client
+
+    @classmethod
+    @asynccontextmanager
+    async def open(
+        cls, url: str, request_timeout: float = 5.0
+    ) -> AsyncIterator[HttpIdentityResolver]:
+        async with httpx.AsyncClient(timeout=request_timeout) as client:
+            yield cls(url, client)
+
+    async def resolve(self, signer_did: str) -> Identity:
+        try:
+            response = await self._client.get(self._url, params={"did": signer_did})
+        except httpx.HTTPError as exc:
+            raise UpstreamFailed(
+                "identity lookup failed",
+                code="identity_lookup_failed",
+                details={"reason": type(exc).__name__},
+            ) from exc
+        if response.status_code != 200:
+            raise UpstreamFailed(
+                "identity lookup failed",
+                code="identity_lookup_failed",
+                details={"upstreamStatus": response.status_code},
+            )
+        try:
+            body = response.json()
+            identity = Identity(
+                root_did=str(body["rootDid"]),
+                root_kind=str(body["rootKind"]),
+                hmr_did=str(body.get("hmrDid") or signer_did),
+            )
+        except (ValueError, KeyError, TypeError) as exc:
+            raise UpstreamFailed(
+                "identity lookup answered malformed JSON", code="identity_lookup_failed"
+            ) from exc
+        if not (is_did(identity.root_did) and is_did(identity.hmr_did)):
+            raise UpstreamFailed("identity lookup answered non-DIDs", code="identity_lookup_failed")
+        return identity

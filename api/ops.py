@@ -1,0 +1,59 @@
+"""Operations routes: health, deep health, the OpenAPI document."""
+
+from __future__ import annotations
+
+import trio
+from quart import Response
+from quart_trio import QuartTrio
+
+from api.http import Ctx, deps, dumps, endpoint, json_response
+from api.openapi import openapi_document
+from registry.errors import RegistryError
+from registry.store.migrate import load_migrations
+
+
+async def _checks() -> dict[str, str]:
+    registry = deps().registry
+    checks: dict[str, str] = {}
+    try:
+        with trio.fail_after(2):
+            version = await registry.store.schema_version()
+        checks["database"] = "ok"
+        expected = len(load_migrations())
+        checks["migrations"] = "ok" if version == expected else f"at {version}, expected {expected}"
+    except (RegistryError, trio.TooSlowError, OSError) as exc:
+        checks["database"] = f"failing: {type(exc).__name__}"
+    checks["cache"] = "ok" if registry.cache.enabled else "degraded: log follower disconnected"
+    return checks
+
+
+def _status(checks: dict[str, str]) -> str:
+    if checks.get("database") != "ok":
+        return "failing"
+    return "ok" if all(v == "ok" for v in checks.values()) else "degraded"
+
+
+def register(app: QuartTrio) -> None:
+    @app.get("/v1/health")
+    @endpoint("read")
+    async def health(ctx: Ctx) -> Response:
+        checks = await _checks()
+        status = _status(checks)
+        return json_response(
+            dumps({"status": status, "checks": checks, "registryDid": deps().registry.did}),
+            200 if status != "failing" else 503,
+        )
+
+    @app.get("/v1/health/deep")
+    @endpoint("read", auth="required")
+    async def deep_health(ctx: Ctx) -> Response:
+        assert ctx.principal is not None
+        ctx.principal.require("admin")
+        checks = await _checks()
+        checks["logHead"] = str(await deps().registry.store.log_head())
+        return json_response(dumps({"status": _status(checks), "checks": checks}))
+
+    @app.get("/v1/openapi.json")
+    @endpoint("read")
+    async def openapi(ctx: Ctx) -> Response:
+        return json_response(dumps(openapi_document()))

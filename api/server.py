@@ -1,0 +1,154 @@
+"""The composition root: one process, one Trio nursery (design §1).
+
+`serve` opens the trio-asyncio loop (asyncpg speaks asyncio), starts the embedded PostgreSQL when
+no database URL is configured, migrates, opens the store, and runs in one nursery: Hypercorn
+serving the Quart-Trio app, the rate-limiter actor and the log follower, each under the
+supervisor. SIGINT/SIGTERM trigger a graceful stop: Hypercorn finishes in-flight requests within
+`graceful_timeout_seconds`, then the actors are cancelled and the database is closed.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from collections.abc import Callable
+from contextlib import AsyncExitStack
+from typing import Any
+
+import hypercorn.trio
+import trio
+import trio_asyncio
+from hypercorn.config import Config as HyperConfig
+
+from actors.ratelimiter import RateLimiterState, open_rate_limiter_channel, run_rate_limiter
+from actors.supervisor import supervise
+from api.app import create_app
+from api.http import Deps
+from api.identity import HttpIdentityResolver
+from registry.config import Config
+from registry.identity import DidKeyIdentity, IdentityResolver
+from registry.keys import load_or_create_key
+from registry.ratelimit import Rate
+from registry.service import HeadCache, Registry
+from registry.store.embedded import EmbeddedPostgres
+from registry.store.migrate import migrate
+from registry.store.pg import PgStore, open_pg_store
+
+log = logging.getLogger("registry")
+
+
+async def follow_log(store: PgStore, cache: HeadCache) -> None:
+    """Invalidate cached entry heads as changes commit (in any process on this database).
+
+    Caching is on only while the follower is connected; a lost notification clears the cache.
+    """
+    try:
+        async with store.listen("registry_log") as notes:
+            cache.clear()
+            cache.enabled = True
+            while True:
+                batch = await notes.receive()
+                if batch is None:
+                    cache.clear()
+                    continue
+                for payload in batch:
+                    _, _, did = payload.partition(" ")
+                    cache.invalidate(did)
+    finally:
+        cache.enabled = False
+        cache.clear()
+
+
+def _hypercorn_config(config: Config) -> HyperConfig:
+    hconfig = HyperConfig()
+    hconfig.bind = [f"{config.server.host}:{config.server.port}"]
+    hconfig.graceful_timeout = config.server.graceful_timeout_seconds
+    hconfig.accesslog = None
+    hconfig.errorlog = logging.getLogger("hypercorn.error")
+    hconfig.keep_alive_timeout = 75
+    hconfig.include_server_header = False
+    return hconfig
+
+
+async def _watch_signals(stop: trio.Event) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for signum in signals:
+            log.info("received %s, shutting down", signal.Signals(signum).name)
+            stop.set()
+            return
+
+
+async def serve(
+    config: Config,
+    *,
+    stop: trio.Event | None = None,
+    handle_signals: bool = True,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run the registry until `stop` is set (or a signal arrives). Reports the bound addresses."""
+    stop = stop or trio.Event()
+    data_dir = config.server.data_dir
+    data_dir.mkdir(parents=True, exist_ok=True)
+    key, created = load_or_create_key(config.server.key_path)
+    log.info("registry DID %s (%s)", key.did, "new key" if created else config.server.key_path)
+
+    async with trio_asyncio.open_loop(), AsyncExitStack() as stack:
+        dsn = config.database.url
+        if not dsn:
+            embedded = EmbeddedPostgres(data_dir, logger=log)
+            dsn = await trio.to_thread.run_sync(embedded.start)
+            stack.push_async_callback(trio.to_thread.run_sync, embedded.stop)
+            log.info("embedded PostgreSQL at %s", embedded.cluster_dir)
+        applied = await migrate(dsn)
+        if applied:
+            log.info("applied migrations %s", applied)
+        store = await stack.enter_async_context(
+            open_pg_store(dsn, min_size=config.database.pool_min, max_size=config.database.pool_max)
+        )
+        identity: IdentityResolver = DidKeyIdentity()
+        if config.auth.identity_resolver_url:
+            identity = await stack.enter_async_context(
+                HttpIdentityResolver.open(config.auth.identity_resolver_url)
+            )
+        registry = Registry(store=store, config=config, key=key, identity=identity)
+        limits = config.limits
+        limiter, limiter_inbox = open_rate_limiter_channel()
+        limiter_state = RateLimiterState(
+            {
+                "read": Rate(limits.read_per_minute),
+                "write": Rate(limits.write_per_minute),
+                "query": Rate(limits.query_per_minute),
+            }
+        )
+        app = create_app(Deps(registry=registry, limiter=limiter, config=config))
+
+        async with trio.open_nursery() as nursery:
+            actors: dict[str, Callable[[], Any]] = {
+                "rate-limiter": lambda: run_rate_limiter(limiter_inbox, limiter_state),
+                "log-follower": lambda: follow_log(store, registry.cache),
+            }
+            for name, body in actors.items():
+                nursery.start_soon(supervise, name, body)
+            if handle_signals:
+                nursery.start_soon(_watch_signals, stop)
+            http_done = trio.Event()
+
+            async def run_http(task_status: trio.TaskStatus[list[str]]) -> None:
+                try:
+                    await hypercorn.trio.serve(
+                        app,
+                        _hypercorn_config(config),
+                        shutdown_trigger=stop.wait,
+                        task_status=task_status,
+                    )
+                finally:
+                    http_done.set()
+
+            binds: list[str] = await nursery.start(run_http)
+            log.info("serving on %s", ", ".join(binds))
+            task_status.started(binds)
+            # Hypercorn returns once `stop` is set and in-flight requests are drained
+            # (bounded by graceful_timeout_seconds); then the actors are cancelled.
+            await http_done.wait()
+            nursery.cancel_scope.cancel()
+    log.info("stopped")

@@ -1,0 +1,78 @@
+"""Token buckets (sans-IO): (state, now) in, (decision, new state) out; no clock reads.
+
+Each (class, client) pair has a bucket holding up to `capacity` tokens that refills at
+`per_minute / 60` tokens a second. A request takes one token or is refused with the time until
+one is available. A full bucket is indistinguishable from a missing one, so idle buckets can be
+forgotten to bound memory.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Bucket:
+    tokens: float
+    updated: float
+
+
+@dataclass(frozen=True)
+class Decision:
+    allowed: bool
+    limit: int
+    remaining: int
+    retry_after: float  # seconds until one token is available (0 when allowed)
+    reset_after: float  # seconds until the bucket is full again
+
+
+@dataclass(frozen=True)
+class Rate:
+    per_minute: int
+
+    @property
+    def capacity(self) -> float:
+        return float(self.per_minute)
+
+    @property
+    def per_second(self) -> float:
+        return self.per_minute / 60.0
+
+
+def refill(bucket: Bucket | None, rate: Rate, now: float) -> float:
+    if bucket is None:
+        return rate.capacity
+    return min(rate.capacity, bucket.tokens + max(0.0, now - bucket.updated) * rate.per_second)
+
+
+def take(bucket: Bucket | None, rate: Rate, now: float) -> tuple[Decision, Bucket]:
+    tokens = refill(bucket, rate, now)
+    allowed = tokens >= 1.0
+    if allowed:
+        tokens -= 1.0
+    retry = 0.0 if allowed else (1.0 - tokens) / rate.per_second
+    decision = Decision(
+        allowed=allowed,
+        limit=rate.per_minute,
+        remaining=math.floor(tokens),
+        retry_after=retry,
+        reset_after=(rate.capacity - tokens) / rate.per_second,
+    )
+    return decision, Bucket(tokens, now)
+
+
+def is_idle(bucket: Bucket, rate: Rate, now: float) -> bool:
+    return refill(bucket, rate, now) >= rate.capacity
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Exponential backoff with a ceiling; `delay(n)` for the n-th consecutive failure (n ≥ 1)."""
+
+    initial: float = 0.5
+    factor: float = 2.0
+    maximum: float = 30.0
+
+    def delay(self, failures: int) -> float:
+        return min(self.maximum, self.initial * self.factor ** max(0, failures - 1))

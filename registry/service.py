@@ -1,0 +1,400 @@
+"""Use-cases: publish, update, delete and read entries; sign in; sessions.
+
+Pure decisions live in `registry.entries` and `registry.signin`; this module sequences them around
+the store. It knows nothing of HTTP: callers pass parsed JSON and a principal, and get domain
+values or `registry.errors` back.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from registry import entries as entry_rules
+from registry.config import Config
+from registry.errors import Conflict, Forbidden, Invalid, NotFound, Unauthorized
+from registry.identity import IdentityResolver
+from registry.keys import SigningKey
+from registry.models import ChallengeRequest, VerifyRequest, validate_model
+from registry.signin import (
+    capabilities_for,
+    check_response,
+    hash_token,
+    new_challenge,
+    new_session_token,
+    signer_public_key_text,
+)
+from registry.store import EntryHead, EntryWrite, IdemKey, SessionRecord, Store
+
+
+def rfc3339(ms: int) -> str:
+    return (
+        datetime.fromtimestamp(ms / 1000, UTC)
+        .isoformat(timespec="milliseconds")
+        .replace("+00:00", "Z")
+    )
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling: a session's identity and capabilities."""
+
+    did: str
+    capabilities: tuple[str, ...]
+    session: SessionRecord
+    token_hash: bytes
+
+    def require(self, capability: str) -> None:
+        if capability not in self.capabilities:
+            raise Forbidden(
+                f"this session lacks the {capability!r} capability",
+                code="capability_missing",
+                details={"capability": capability},
+            )
+
+
+@dataclass(frozen=True)
+class Served:
+    """A served entry version: its sequence and exact JSON text."""
+
+    sequence: int
+    doc: str
+
+
+class HeadCache:
+    """Latest served version per entry DID, invalidated by the log.
+
+    Readers fill it (only if no invalidation happened while they read: `epoch`), the log follower
+    and local writers invalidate it. All access is from the one Trio thread, with no `await`
+    between a check and its use. Bounded: the oldest half is dropped when full.
+    """
+
+    def __init__(self, capacity: int = 50_000) -> None:
+        self._docs: dict[str, Served] = {}
+        self._capacity = capacity
+        self.epoch = 0
+        self.enabled = False  # on only while the log follower is connected
+
+    def get(self, did: str) -> Served | None:
+        return self._docs.get(did) if self.enabled else None
+
+    def put(self, did: str, served: Served, epoch: int) -> None:
+        if not self.enabled or epoch != self.epoch:
+            return
+        if len(self._docs) >= self._capacity:
+            for key in list(self._docs)[: self._capacity // 2]:
+                del self._docs[key]
+        self._docs[did] = served
+
+    def invalidate(self, did: str) -> None:
+        self.epoch += 1
+        self._docs.pop(did, None)
+
+    def clear(self) -> None:
+        self.epoch += 1
+        self._docs.clear()
+
+    def statistics(self) -> dict[str, int]:
+        return {"size": len(self._docs), "epoch": self.epoch, "enabled": int(self.enabled)}
+
+
+class Registry:
+    """The service's use-cases over a `Store`."""
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        config: Config,
+        key: SigningKey,
+        identity: IdentityResolver,
+        clock_ms: Callable[[], int] = now_ms,
+    ) -> None:
+        self.store = store
+        self.config = config
+        self.key = key
+        self.identity = identity
+        self.clock_ms = clock_ms
+        self.cache = HeadCache()
+
+    @property
+    def did(self) -> str:
+        return self.key.did
+
+    # --- entries ------------------------------------------------------------------------
+
+    async def create_entry(self, principal: Principal, data: Any, idem: IdemKey | None) -> Served:
+        principal.require("entries.write")
+        entry = entry_rules.check_entry(data)
+        self._check_publisher(principal, entry.publisher)
+        if entry.lifecycle not in entry_rules.CREATE_STATES:
+            raise Invalid(
+                "a new entry starts as draft or active",
+                code="entry_invalid",
+                details={"field": "lifecycleStatus"},
+            )
+        return await self._write("entry.created", entry, expected_head=None, status=201, idem=idem)
+
+    async def update_entry(
+        self, principal: Principal, did: str, data: Any, idem: IdemKey | None
+    ) -> Served:
+        principal.require("entries.write")
+        entry = entry_rules.check_entry(data)
+        if entry.did != did:
+            raise Invalid(
+                "entryDid in the body is not the DID in the path",
+                code="entry_invalid",
+                details={"field": "entryDid"},
+            )
+        if entry.based_on is None:
+            raise Invalid(
+                "an update carries the sequence of the version it is based on",
+                code="sequence_required",
+                details={"field": "sequence"},
+            )
+        head = await self._live_head(did)
+        self._check_publisher(principal, entry.publisher)
+        if head.publisher_did != principal.did:
+            raise Forbidden("only the entry's publisher may update it", code="publisher_mismatch")
+        if entry.based_on != head.head_seq:
+            raise Conflict(
+                "the entry changed since the version this update is based on",
+                code="sequence_conflict",
+                details={"latestSequence": head.head_seq},
+            )
+        entry_rules.check_move(head.lifecycle, entry.lifecycle)
+        return await self._write(
+            "entry.updated", entry, expected_head=head.head_seq, status=200, idem=idem
+        )
+
+    async def delete_entry(self, principal: Principal, did: str, idem: IdemKey | None) -> Served:
+        """Write a tombstone version; afterwards the DID reads as 404 and is never reused."""
+        head = await self._live_head(did)
+        if head.publisher_did != principal.did and "admin" not in principal.capabilities:
+            raise Forbidden("only the entry's publisher may delete it", code="publisher_mismatch")
+        if "admin" not in principal.capabilities:
+            principal.require("entries.write")
+        at = rfc3339(self.clock_ms())
+        prefix = (
+            '{"deletedAt":'
+            + _json_str(at)
+            + ',"entryDid":'
+            + _json_str(did)
+            + ',"lifecycleStatus":"deleted","sequence":'
+        )
+        write = EntryWrite(
+            kind="entry.deleted",
+            entry_did=did,
+            expected_head=head.head_seq,
+            publisher_did=head.publisher_did,
+            entry_type=_entry_type(head.doc),
+            lifecycle="deleted",
+            prefix=prefix,
+            suffix="}",
+            status=200,
+        )
+        seq, doc = await self.store.write_entry(write, idem)
+        self.cache.invalidate(did)
+        return Served(seq, doc)
+
+    async def get_entry(self, did: str) -> Served:
+        cached = self.cache.get(did)
+        if cached is not None:
+            return cached
+        epoch = self.cache.epoch
+        head = await self._live_head(did)
+        served = Served(head.head_seq, head.doc)
+        self.cache.put(did, served, epoch)
+        return served
+
+    async def list_versions(
+        self, did: str, *, limit: int | None, cursor: str | None
+    ) -> tuple[list[str], str | None, bool, int]:
+        await self._live_head(did)
+        size = self.page_size(limit)
+        before = None
+        if cursor is not None:
+            if not cursor.isdigit() or cursor.startswith("0") or len(cursor) > 19:
+                raise Invalid(
+                    "cursor must be a sequence from a previous page", code="invalid_cursor"
+                )
+            before = int(cursor)
+        docs, total = await self.store.list_versions(did, before, size + 1)
+        has_more = len(docs) > size
+        docs = docs[:size]
+        next_cursor = str(_sequence_of(docs[-1])) if has_more and docs else None
+        return docs, next_cursor, has_more, total
+
+    async def get_version(self, did: str, sequence: int) -> str:
+        await self._live_head(did)
+        doc = await self.store.get_version(did, sequence)
+        if doc is None:
+            raise NotFound("no such version of this entry", code="version_not_found")
+        return doc
+
+    def page_size(self, limit: int | None) -> int:
+        if limit is None:
+            return self.config.limits.default_page_size
+        if limit < 1:
+            raise Invalid("limit must be at least 1", code="invalid_limit")
+        return min(limit, self.config.limits.max_page_size)
+
+    async def _live_head(self, did: str) -> EntryHead:
+        head = await self.store.get_entry_head(did)
+        if head is None or head.lifecycle == "deleted":
+            raise NotFound("entry not found", code="entry_not_found", details={"entryDid": did})
+        return head
+
+    @staticmethod
+    def _check_publisher(principal: Principal, publisher: str) -> None:
+        if publisher != principal.did:
+            raise Forbidden(
+                "publisherDid is not the signed-in principal",
+                code="publisher_mismatch",
+                details={"publisherDid": publisher, "principal": principal.did},
+            )
+
+    async def _write(
+        self,
+        kind: str,
+        entry: entry_rules.CheckedEntry,
+        *,
+        expected_head: int | None,
+        status: int,
+        idem: IdemKey | None,
+    ) -> Served:
+        at = rfc3339(self.clock_ms())
+        form = entry_rules.stored_form(entry.doc, updated_at=at, signature_created=at)
+        write = EntryWrite(
+            kind=kind,
+            entry_did=entry.did,
+            expected_head=expected_head,
+            publisher_did=entry.publisher,
+            entry_type=entry.model.entry_type,
+            lifecycle=entry.lifecycle,
+            prefix=form.prefix,
+            suffix=form.suffix,
+            status=status,
+        )
+        seq, doc = await self.store.write_entry(write, idem)
+        self.cache.invalidate(entry.did)
+        return Served(seq, doc)
+
+    # --- sign-in and sessions -----------------------------------------------------------
+
+    async def challenge(self, data: Any) -> dict[str, Any]:
+        request = validate_model(ChallengeRequest, data, code="invalid_challenge_request")
+        auth = self.config.auth
+        challenge = new_challenge(
+            audience=request.audience,
+            origin=self.config.server.public_origin,
+            chain_id=auth.chain_id,
+            registry_did=self.did,
+            root_did=auth.root_did or self.did,
+            now_ms=self.clock_ms(),
+        )
+        await self.store.put_challenge(challenge["nonce"], challenge, challenge["expiresAtMs"])
+        return challenge
+
+    async def verify(self, data: Any) -> tuple[dict[str, Any], str]:
+        """Check a signed response, open a session. Returns (response body, token)."""
+        request = validate_model(VerifyRequest, data, code="signin_failed")
+        if request.response is None:  # pragma: no cover - the model requires it
+            raise Unauthorized("missing response", code="signin_failed")
+        nonce = request.challenge.nonce
+        stored = await self.store.get_challenge(nonce)
+        if stored is None:
+            raise Unauthorized(
+                "sign-in verification failed: unknown or already used challenge",
+                code="signin_failed",
+                details={"reason": "unknown or already used challenge"},
+            )
+        signer = check_response(
+            stored=stored,
+            submitted_challenge=data["challenge"],
+            audience=request.audience,
+            response=request.response,
+            now_ms=self.clock_ms(),
+        )
+        identity = await self.identity.resolve(signer.did)
+        auth = self.config.auth
+        expires = self.clock_ms() + auth.session_ttl_seconds * 1000
+        session = SessionRecord(
+            principal=signer.did,
+            hmr_did=identity.hmr_did,
+            root_did=identity.root_did,
+            root_kind=identity.root_kind,
+            capabilities=capabilities_for(
+                signer.did,
+                defaults=auth.default_capabilities,
+                admin_dids=auth.admin_dids,
+                federation_dids=auth.federation_dids,
+            ),
+            expires_at_ms=expires,
+        )
+        token, token_hash = new_session_token()
+        if not await self.store.open_session(nonce, token_hash, session):
+            raise Unauthorized(
+                "sign-in verification failed: challenge already used",
+                code="signin_failed",
+                details={"reason": "challenge already used"},
+            )
+        body = {
+            "expiresAtMs": expires,
+            "hmrDid": identity.hmr_did,
+            "rootDid": identity.root_did,
+            "rootKind": identity.root_kind,
+            "sessionExpiresAtMs": expires,
+            "sessionToken": token,
+            "signerPublicKey": signer_public_key_text(signer.public_key),
+            "signerDid": signer.did,
+            "capabilities": list(session.capabilities),
+        }
+        return body, token
+
+    async def authenticate(self, token: str) -> Principal:
+        token_hash = hash_token(token)
+        session = await self.store.get_session(token_hash)
+        if session is None or session.expires_at_ms <= self.clock_ms():
+            raise Unauthorized("session missing, expired or unknown", code="session_invalid")
+        return Principal(session.principal, session.capabilities, session, token_hash)
+
+    async def logout(self, principal: Principal) -> None:
+        await self.store.revoke_session(principal.token_hash)
+
+
+def session_body(principal: Principal) -> dict[str, Any]:
+    s = principal.session
+    return {
+        "expiresAtMs": s.expires_at_ms,
+        "hmrDid": s.hmr_did,
+        "rootDid": s.root_did,
+        "rootKind": s.root_kind,
+        "signerDid": s.principal,
+        "capabilities": list(s.capabilities),
+    }
+
+
+def _json_str(text: str) -> str:
+    from registry.canonical import canonicalize
+
+    return canonicalize(text).decode()
+
+
+def _entry_type(doc: str) -> str:
+    import json
+
+    return str(json.loads(doc).get("entryType", ""))
+
+
+def _sequence_of(doc: str) -> int:
+    import json
+
+    return int(json.loads(doc)["sequence"])

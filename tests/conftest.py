@@ -1,0 +1,130 @@
+"""Shared fixtures: a real PostgreSQL database per test session, and the app over it.
+
+Database choice (so the README's test command works anywhere): `REGISTRY_TEST_DATABASE_URL` if
+set; else a fresh database on the server at 127.0.0.1:5432 when one answers; else an embedded
+cluster in a temporary directory. Migrations run once, synchronously, in the session fixture.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import socket
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+import trio
+import trio_asyncio
+
+from actors.ratelimiter import RateLimiterState, open_rate_limiter_channel, run_rate_limiter
+from api.app import create_app
+from api.http import Deps
+from registry.config import Config, load_config
+from registry.identity import DidKeyIdentity, IdentityResolver
+from registry.keys import SigningKey
+from registry.ratelimit import Rate
+from registry.service import Registry
+from registry.store.migrate import _migrate, load_migrations
+from registry.store.pg import open_pg_store
+
+LOCAL_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+
+def _local_server_answers() -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", 5432), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="session")
+def database_url() -> Iterator[str]:
+    explicit = os.environ.get("REGISTRY_TEST_DATABASE_URL")
+    if explicit:
+        asyncio.run(_migrate(explicit, load_migrations()))
+        yield explicit
+        return
+    if _local_server_answers():
+        name = f"registry_test_{secrets.token_hex(4)}"
+
+        async def admin(sql: str) -> None:
+            conn = await asyncpg.connect(LOCAL_ADMIN)
+            try:
+                await conn.execute(sql)
+            finally:
+                await conn.close()
+
+        asyncio.run(admin(f"CREATE DATABASE {name}"))
+        url = f"postgresql://postgres@127.0.0.1:5432/{name}"
+        try:
+            asyncio.run(_migrate(url, load_migrations()))
+            yield url
+        finally:
+            asyncio.run(admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        return
+    from registry.store.embedded import EmbeddedPostgres
+
+    with tempfile.TemporaryDirectory(prefix="registry-test-") as tmp:
+        cluster = EmbeddedPostgres(Path(tmp))
+        url = cluster.start()
+        try:
+            asyncio.run(_migrate(url, load_migrations()))
+            yield url
+        finally:
+            cluster.stop()
+
+
+def make_config(database_url: str, tmp_path: Path, **sections: dict[str, Any]) -> Config:
+    overrides: dict[str, dict[str, Any]] = {
+        "server": {"data_dir": str(tmp_path), "public_origin": "http://registry.test"},
+        "database": {"url": database_url},
+        "limits": {"read_per_minute": 100_000, "write_per_minute": 100_000,
+                   "query_per_minute": 100_000},
+    }
+    for section, values in sections.items():
+        overrides.setdefault(section, {}).update(values)
+    return load_config(None, environ={}, overrides=overrides)
+
+
+class Harness:
+    """The app over real PostgreSQL, its registry and a test client."""
+
+    def __init__(self, registry: Registry, client: Any, config: Config) -> None:
+        self.registry = registry
+        self.client = client
+        self.config = config
+
+
+async def open_harness(
+    config: Config, identity: IdentityResolver | None = None
+) -> AsyncIterator[Harness]:
+    async with trio_asyncio.open_loop(), open_pg_store(config.database.url) as store:
+        registry = Registry(
+            store=store, config=config, key=SigningKey.generate(),
+            identity=identity or DidKeyIdentity(),
+        )
+        limits = config.limits
+        limiter, inbox = open_rate_limiter_channel()
+        state = RateLimiterState({
+            "read": Rate(limits.read_per_minute),
+            "write": Rate(limits.write_per_minute),
+            "query": Rate(limits.query_per_minute),
+        })
+        app = create_app(Deps(registry=registry, limiter=limiter, config=config))
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run_rate_limiter, inbox, state)
+            async with app.test_app() as test_app:
+                yield Harness(registry, test_app.test_client(), config)
+            nursery.cancel_scope.cancel()
+
+
+@pytest.fixture
+async def harness(database_url: str, tmp_path: Path) -> AsyncIterator[Harness]:
+    async for h in open_harness(make_config(database_url, tmp_path)):
+        yield h

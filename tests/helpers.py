@@ -1,0 +1,56 @@
+"""Builders shared by the tests: keys, signed entries, sign-in."""
+
+from __future__ import annotations
+
+import secrets
+import uuid
+from typing import Any
+
+from registry.entries import sign_entry
+from registry.keys import SigningKey
+from registry.signin import build_response
+
+
+def new_did() -> str:
+    return f"did:web:agents.example.com:{secrets.token_hex(8)}"
+
+
+def entry_template(did: str | None = None, **fields: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "entryDid": did or new_did(),
+        "entryType": "AgentDefinition",
+        "itemData": {"model": "m-1", "instructions": "be helpful", "temperature": 0.5},
+        "itemSchemaUri": "https://schemas.example.com/agent/v1",
+        "registryVersion": "1.0",
+        "name": "Helpful agent",
+        "publishedAt": "2026-11-01T12:00:00Z",
+        "version": "1.0.0",
+        "tags": ["demo", "helpful"],
+    }
+    base.update(fields)
+    return base
+
+
+def signed_entry(key: SigningKey, did: str | None = None, **fields: Any) -> dict[str, Any]:
+    return sign_entry(entry_template(did, **fields), key)
+
+
+def idem(**extra: str) -> dict[str, str]:
+    return {"Idempotency-Key": str(uuid.uuid4()), **extra}
+
+
+async def sign_in(client: Any, key: SigningKey, audience: str = "tests") -> str:
+    response = await client.post("/v1/auth/siws/challenge", json={"audience": audience})
+    assert response.status_code == 200, await response.get_data()
+    challenge = (await response.get_json())["challenge"]
+    response = await client.post(
+        "/v1/auth/siws/verify",
+        json={"audience": audience, "challenge": challenge,
+              "response": build_response(challenge, key)},
+    )
+    assert response.status_code == 200, await response.get_data()
+    return str((await response.get_json())["sessionToken"])
+
+
+def bearer(token: str, **extra: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}", **extra}
