@@ -84,8 +84,11 @@ def make_config(database_url: str, tmp_path: Path, **sections: dict[str, Any]) -
     overrides: dict[str, dict[str, Any]] = {
         "server": {"data_dir": str(tmp_path), "public_origin": "http://registry.test"},
         "database": {"url": database_url},
-        "limits": {"read_per_minute": 100_000, "write_per_minute": 100_000,
-                   "query_per_minute": 100_000},
+        "limits": {
+            "read_per_minute": 100_000,
+            "write_per_minute": 100_000,
+            "query_per_minute": 100_000,
+        },
     }
     for section, values in sections.items():
         overrides.setdefault(section, {}).update(values)
@@ -106,16 +109,20 @@ async def open_harness(
 ) -> AsyncIterator[Harness]:
     async with trio_asyncio.open_loop(), open_pg_store(config.database.url) as store:
         registry = Registry(
-            store=store, config=config, key=SigningKey.generate(),
+            store=store,
+            config=config,
+            key=SigningKey.generate(),
             identity=identity or DidKeyIdentity(),
         )
         limits = config.limits
         limiter, inbox = open_rate_limiter_channel()
-        state = RateLimiterState({
-            "read": Rate(limits.read_per_minute),
-            "write": Rate(limits.write_per_minute),
-            "query": Rate(limits.query_per_minute),
-        })
+        state = RateLimiterState(
+            {
+                "read": Rate(limits.read_per_minute),
+                "write": Rate(limits.write_per_minute),
+                "query": Rate(limits.query_per_minute),
+            }
+        )
         app = create_app(Deps(registry=registry, limiter=limiter, config=config))
         async with trio.open_nursery() as nursery:
             nursery.start_soon(run_rate_limiter, inbox, state)

@@ -45,8 +45,11 @@ async def sign_in(client: Any, key: SigningKey, audience: str = "tests") -> str:
     challenge = (await response.get_json())["challenge"]
     response = await client.post(
         "/v1/auth/siws/verify",
-        json={"audience": audience, "challenge": challenge,
-              "response": build_response(challenge, key)},
+        json={
+            "audience": audience,
+            "challenge": challenge,
+            "response": build_response(challenge, key),
+        },
     )
     assert response.status_code == 200, await response.get_data()
     return str((await response.get_json())["sessionToken"])

@@ -1,0 +1,148 @@
+"""The service as a user runs it: a real `registry serve` process.
+
+- On the embedded default (no database URL): start, sign in with the client, publish, read back,
+  SIGTERM → clean exit and the private PostgreSQL is stopped.
+- kill -9 during a burst of writes: after a restart every acknowledged write is there, nothing is
+  half-applied, and the sequence has no gap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import asyncpg
+import httpx
+import trio
+
+from registry.client import RegistryClient
+from registry.keys import SigningKey
+from tests.db.proc import run_server
+from tests.helpers import entry_template, signed_entry
+
+
+def test_embedded_default_serve_publish_read_sigterm(tmp_path: Path) -> None:
+    key = SigningKey.generate()
+    data_dir = tmp_path / "data"
+    with run_server(data_dir) as server:
+        with RegistryClient(server.url) as client:
+            session = client.sign_in(key)
+            assert session["rootDid"] == key.did
+            created = client.publish(entry_template(), key)
+            assert created["publisherDid"] == key.did
+            assert client.get(created["entryDid"]) == created
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(timeout=30) == 0, server.output()
+    output = server.output()
+    assert "embedded PostgreSQL" in output
+    assert "Traceback" not in output
+    # The registry key was created on first start, with mode 0600.
+    assert (data_dir / "registry.key").stat().st_mode & 0o777 == 0o600
+    # The private cluster is stopped: its postmaster.pid is gone.
+    location = data_dir / "postgres.location"
+    cluster = Path(location.read_text().strip()) if location.exists() else data_dir / "postgres"
+    assert not (cluster / "postmaster.pid").exists()
+
+
+async def _burst(
+    url: str, key: SigningKey, token: str, acked: dict[str, int], enough: trio.Event
+) -> None:
+    async with httpx.AsyncClient(base_url=url, timeout=10) as http:
+
+        async def writer() -> None:
+            while True:
+                entry = signed_entry(key)
+                try:
+                    r = await http.post(
+                        "/v1/entries",
+                        json=entry,
+                        headers={
+                            "Authorization": f"Bearer {token}",
+                            "Idempotency-Key": entry["entryDid"],
+                        },
+                    )
+                except httpx.HTTPError:
+                    return  # the server died under us: unacknowledged, so nothing is promised
+                if r.status_code == 201:
+                    acked[entry["entryDid"]] = r.json()["sequence"]
+                    if len(acked) >= 150:
+                        enough.set()
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(12):
+                nursery.start_soon(writer)
+
+
+def test_kill_9_during_writes_loses_no_acknowledged_write(
+    tmp_path: Path, database_url: str
+) -> None:
+    key = SigningKey.generate()
+    acked: dict[str, int] = {}
+    with run_server(tmp_path, database_url=database_url) as server:
+        with RegistryClient(server.url) as client:
+            token = client.sign_in(key)["sessionToken"]
+
+        async def burst_then_kill() -> None:
+            enough = trio.Event()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_burst, server.url, key, token, acked, enough)
+                with trio.fail_after(60):
+                    await enough.wait()
+                server.proc.send_signal(signal.SIGKILL)  # mid-burst: requests are in flight
+                # The writers end when their connections fail.
+
+        trio.run(burst_then_kill)
+        server.proc.wait(timeout=10)
+        assert server.proc.returncode == -signal.SIGKILL
+
+    with (
+        run_server(tmp_path, database_url=database_url) as server,
+        RegistryClient(server.url) as client,
+    ):
+        for did, sequence in acked.items():
+            assert client.get(did)["sequence"] == sequence
+
+    async def check_log() -> None:
+        conn = await asyncpg.connect(database_url)
+        try:
+            head = await conn.fetchval("SELECT seq FROM log_head")
+            count, top = await conn.fetchrow("SELECT count(*), coalesce(max(seq), 0) FROM log")
+            assert count == top == head, "the log has a gap"
+            orphans = await conn.fetchval(
+                "SELECT count(*) FROM log l LEFT JOIN entry_versions v USING (seq)"
+                " WHERE l.kind LIKE 'entry.%' AND v.seq IS NULL"
+            )
+            assert orphans == 0, "a log record without its version"
+            heads = await conn.fetchval(
+                "SELECT count(*) FROM entries e LEFT JOIN entry_versions v ON v.seq = e.head_seq"
+                " WHERE v.seq IS NULL OR v.entry_did <> e.entry_did"
+            )
+            assert heads == 0, "an entry head without its version"
+        finally:
+            await conn.close()
+
+    asyncio.run(check_log())
+
+
+def test_cli_keygen_writes_key_and_prints_did(tmp_path: Path) -> None:
+    out = tmp_path / "me.key"
+    result = subprocess.run(
+        [sys.executable, "-m", "api.cli", "keygen", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    did = result.stdout.strip()
+    assert did.startswith("did:key:z6Mk")
+    assert out.stat().st_mode & 0o777 == 0o600
+    again = subprocess.run(
+        [sys.executable, "-m", "api.cli", "keygen", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert again.returncode == 1
