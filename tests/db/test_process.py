@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
 import signal
 import subprocess
 import sys
@@ -45,6 +46,8 @@ def test_embedded_default_serve_publish_read_sigterm(tmp_path: Path) -> None:
     location = data_dir / "postgres.location"
     cluster = Path(location.read_text().strip()) if location.exists() else data_dir / "postgres"
     assert not (cluster / "postmaster.pid").exists()
+    if location.exists():  # the root fallback lives outside tmp_path: remove it
+        shutil.rmtree(cluster, ignore_errors=True)
 
 
 async def _burst(
