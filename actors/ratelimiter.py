@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import trio
 
+from registry.errors import Unavailable
 from registry.ratelimit import Bucket, Decision, Rate, is_idle, take
 
 log = logging.getLogger(__name__)
@@ -46,7 +47,8 @@ class RateLimiter:
         reply = _Reply()
         await self._send.send(Acquire(klass, client, reply))
         await reply.event.wait()
-        assert reply.decision is not None
+        if reply.decision is None:
+            raise Unavailable("the rate limiter failed; try again", code="rate_limiter_failed")
         return reply.decision
 
     def clone(self) -> RateLimiter:
@@ -95,5 +97,9 @@ async def run_rate_limiter(
     """Serve `Acquire` messages until every handle is closed. Does not close `receive` itself:
     the supervisor owns the channel so that a restarted actor keeps serving the same handles."""
     async for message in receive:
-        message.reply.decision = state.decide(message.klass, message.client, trio.current_time())
-        message.reply.event.set()
+        try:
+            message.reply.decision = state.decide(
+                message.klass, message.client, trio.current_time()
+            )
+        finally:  # a caller is never left waiting, even if deciding crashed the actor
+            message.reply.event.set()

@@ -37,7 +37,12 @@ from registry.store.pg import PgStore, open_pg_store
 log = logging.getLogger("registry")
 
 
-async def follow_log(store: PgStore, cache: HeadCache) -> None:
+async def follow_log(
+    store: PgStore,
+    cache: HeadCache,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
     """Invalidate cached entry heads as changes commit (in any process on this database).
 
     Caching is on only while the follower is connected; a lost notification clears the cache.
@@ -46,6 +51,7 @@ async def follow_log(store: PgStore, cache: HeadCache) -> None:
         async with store.listen("registry_log") as notes:
             cache.clear()
             cache.enabled = True
+            task_status.started()
             while True:
                 batch = await notes.receive()
                 if batch is None:

@@ -1,0 +1,83 @@
+"""The entry head cache follows the log: a change committed by another process (another pool)
+invalidates it, and losing the LISTEN connection turns caching off instead of serving stale data."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import asyncpg
+import trio
+import trio_asyncio
+
+from api.server import follow_log
+from registry.errors import Unavailable
+from registry.identity import DidKeyIdentity
+from registry.keys import SigningKey
+from registry.service import Principal, Registry
+from registry.store import SessionRecord
+from registry.store.pg import open_pg_store
+from tests.conftest import make_config
+from tests.helpers import signed_entry
+
+
+def _principal(key: SigningKey) -> Principal:
+    session = SessionRecord(key.did, key.did, key.did, "key", ("entries.write",), 2**62)
+    return Principal(key.did, session.capabilities, session, b"")
+
+
+async def test_change_from_another_process_invalidates_and_lost_listener_disables(
+    database_url: str, tmp_path: Path
+) -> None:
+    config = make_config(database_url, tmp_path)
+    key = SigningKey.generate()
+    with trio.fail_after(30):
+        async with (
+            trio_asyncio.open_loop(),
+            open_pg_store(database_url) as store,
+            open_pg_store(database_url) as other_store,
+        ):
+            mine = Registry(store=store, config=config, key=key, identity=DidKeyIdentity())
+            other = Registry(store=other_store, config=config, key=key, identity=DidKeyIdentity())
+            entry = signed_entry(key)
+            did = entry["entryDid"]
+            created = await other.create_entry(_principal(key), entry, None)
+
+            invalidated = trio.Event()
+            plain_invalidate = mine.cache.invalidate
+
+            def spy(changed: str) -> None:
+                plain_invalidate(changed)
+                if changed == did:
+                    invalidated.set()
+
+            mine.cache.invalidate = spy  # type: ignore[method-assign]
+            failure: list[BaseException] = []
+
+            async def follower(task_status: trio.TaskStatus[None]) -> None:
+                try:
+                    await follow_log(store, mine.cache, task_status=task_status)
+                except Unavailable as exc:
+                    failure.append(exc)
+
+            async with trio.open_nursery() as nursery:
+                await nursery.start(follower)
+                assert mine.cache.enabled
+                assert (await mine.get_entry(did)).sequence == created.sequence
+                assert mine.cache.get(did) is not None  # served from memory from now on
+
+                updated = signed_entry(key, did, version="2.0.0", sequence=created.sequence)
+                new = await other.update_entry(_principal(key), did, updated, None)
+                await invalidated.wait()
+                assert (await mine.get_entry(did)).sequence == new.sequence
+
+                conn = await trio_asyncio.aio_as_trio(asyncpg.connect)(database_url)
+                try:
+                    await trio_asyncio.aio_as_trio(conn.execute)(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                        " WHERE query LIKE 'LISTEN%' AND datname = current_database()"
+                    )
+                finally:
+                    await trio_asyncio.aio_as_trio(conn.close)()
+            assert failure, "the follower must fail when its connection is lost"
+            assert not mine.cache.enabled
+            assert mine.cache.get(did) is None
