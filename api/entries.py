@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from quart import Response, request
 from quart_trio import QuartTrio
 
@@ -78,8 +80,6 @@ def register(app: QuartTrio) -> None:
     @app.get("/v1/entries/<did>/lineage")
     @endpoint("read")
     async def get_entry_lineage(ctx: Ctx, did: str) -> Response:
-        import json
-
         served = await deps().registry.get_entry(did)
         lineage = json.loads(served.doc).get("lineageReference")
         return json_response(dumps({"entryDid": did, "lineage": lineage}))

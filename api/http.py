@@ -53,9 +53,13 @@ class Ctx:
     body: bytes = b""
     decision: Decision | None = None
     extra_headers: dict[str, str] = field(default_factory=dict)
+    _parsed: Any = None
 
     def json(self) -> Any:
-        return parse_json(self.body)
+        """The body under the I-JSON rules, parsed once."""
+        if self._parsed is None:
+            self._parsed = parse_json(self.body)
+        return self._parsed
 
 
 def parse_json(body: bytes) -> Any:

@@ -37,8 +37,8 @@ def _key_from_header() -> str:
     return key
 
 
-def fingerprint(method: str, path: str, body: bytes) -> bytes:
-    canonical_body = canonical.canonicalize(canonical.parse_strict(body)) if body else b""
+def fingerprint(method: str, path: str, ctx: Ctx) -> bytes:
+    canonical_body = canonical.canonicalize(ctx.json()) if ctx.body else b""
     return hashlib.sha256(b"\0".join([method.encode(), path.encode(), canonical_body])).digest()
 
 
@@ -51,7 +51,7 @@ async def idempotent(
     `recorded` says the store already wrote the idempotency record with the effect."""
     key = _key_from_header()
     scope = ctx.principal.did if ctx.principal else "anonymous"
-    idem = IdemKey(scope, operation, key, fingerprint(request.method, request.path, ctx.body))
+    idem = IdemKey(scope, operation, key, fingerprint(request.method, request.path, ctx))
     store = deps().registry.store
     state = await store.idem_begin(idem, LEASE_SECONDS)
     if state.outcome == "done":

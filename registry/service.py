@@ -7,6 +7,7 @@ values or `registry.errors` back.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from registry import entries as entry_rules
+from registry.canonical import canonicalize
 from registry.config import Config
 from registry.errors import Conflict, Forbidden, Invalid, NotFound, Unauthorized
 from registry.identity import IdentityResolver
@@ -383,18 +385,12 @@ def session_body(principal: Principal) -> dict[str, Any]:
 
 
 def _json_str(text: str) -> str:
-    from registry.canonical import canonicalize
-
     return canonicalize(text).decode()
 
 
 def _entry_type(doc: str) -> str:
-    import json
-
     return str(json.loads(doc).get("entryType", ""))
 
 
 def _sequence_of(doc: str) -> int:
-    import json
-
     return int(json.loads(doc)["sequence"])
