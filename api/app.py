@@ -34,6 +34,11 @@ def create_app(dependencies: Deps) -> QuartTrio:
             mapped = NotFound(f"no route for {request.path}", code="route_not_found")
         elif exc.code == 405:
             mapped = MethodNotAllowed(f"{request.method} is not allowed on {request.path}")
+            response = error_response(mapped, new_request_id())
+            for name, value in exc.get_headers():
+                if name.lower() == "allow":
+                    response.headers["Allow"] = value
+            return response
         elif exc.code == 413:
             mapped = TooLarge("body exceeds the admission limit")
         elif exc.code is not None and 400 <= exc.code < 500:

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import re
 
 from quart import Response, request
 from quart_trio import QuartTrio
 
 from api.http import Ctx, deps, dumps, endpoint, json_response
 from api.idempotency import idempotent
-from registry.errors import Invalid
+from registry.errors import Invalid, NotFound
+from registry.service import parse_sequence
 from registry.store import IdemKey
 
 
@@ -17,11 +19,19 @@ def _etag(sequence: int) -> str:
     return f'"s{sequence}"'
 
 
+def _matches(if_none_match: str | None, etag: str) -> bool:
+    """RFC 9110 §13.1.2: `*` or any listed tag, compared weakly."""
+    if not if_none_match:
+        return False
+    tags = [t.strip().removeprefix("W/") for t in if_none_match.split(",")]
+    return "*" in tags or etag in tags
+
+
 def _int_param(name: str) -> int | None:
     raw = request.args.get(name)
     if raw is None:
         return None
-    if not raw.lstrip("-").isdigit() or len(raw) > 19:
+    if not re.fullmatch(r"-?[0-9]{1,18}", raw):
         raise Invalid(f"{name} must be an integer", code=f"invalid_{name}")
     return int(raw)
 
@@ -73,7 +83,7 @@ def register(app: QuartTrio) -> None:
     async def get_entry(ctx: Ctx, did: str) -> Response:
         served = await deps().registry.get_entry(did)
         etag = _etag(served.sequence)
-        if request.headers.get("If-None-Match") in (etag, f"W/{etag}", "*"):
+        if _matches(request.headers.get("If-None-Match"), etag):
             return Response(b"", status=304, headers={"ETag": etag})
         return json_response(served.doc, 200, ETag=etag)
 
@@ -99,7 +109,10 @@ def register(app: QuartTrio) -> None:
     @app.get("/v1/entries/<did>/versions/<sequence>")
     @endpoint("read")
     async def get_entry_version(ctx: Ctx, did: str, sequence: str) -> Response:
-        if not sequence.isdigit() or sequence.startswith("0") or len(sequence) > 19:
+        number = parse_sequence(sequence)
+        if number is None:
+            if re.fullmatch(r"[1-9][0-9]*", sequence):  # well-formed, beyond any sequence
+                raise NotFound("no such version of this entry", code="version_not_found")
             raise Invalid("sequence must be a positive integer", code="invalid_sequence")
-        doc = await deps().registry.get_version(did, int(sequence))
+        doc = await deps().registry.get_version(did, number)
         return json_response(doc)

@@ -50,8 +50,9 @@ def register(app: QuartTrio) -> None:
         assert ctx.principal is not None
         ctx.principal.require("admin")
         checks = await _checks()
-        checks["logHead"] = str(await deps().registry.store.log_head())
-        return json_response(dumps({"status": _status(checks), "checks": checks}))
+        status = _status(checks)
+        log_head = await deps().registry.store.log_head()
+        return json_response(dumps({"status": status, "checks": checks, "logHead": log_head}))
 
     @app.get("/v1/openapi.json")
     @endpoint("read")

@@ -223,11 +223,11 @@ class Registry:
         size = self.page_size(limit)
         before = None
         if cursor is not None:
-            if not cursor.isdigit() or cursor.startswith("0") or len(cursor) > 19:
+            before = parse_sequence(cursor)
+            if before is None:
                 raise Invalid(
                     "cursor must be a sequence from a previous page", code="invalid_cursor"
                 )
-            before = int(cursor)
         docs, total = await self.store.list_versions(did, before, size + 1)
         has_more = len(docs) > size
         docs = docs[:size]
@@ -307,9 +307,14 @@ class Registry:
 
     async def verify(self, data: Any) -> tuple[dict[str, Any], str]:
         """Check a signed response, open a session. Returns (response body, token)."""
-        request = validate_model(VerifyRequest, data, code="signin_failed")
-        if request.response is None:  # pragma: no cover - the model requires it
-            raise Unauthorized("missing response", code="signin_failed")
+        try:
+            request = validate_model(VerifyRequest, data, code="signin_failed")
+        except Invalid as exc:  # the spec's verify answers 401 for every failed verification
+            raise Unauthorized(
+                f"sign-in verification failed: {exc.message}",
+                code="signin_failed",
+                details=exc.details,
+            ) from None
         nonce = request.challenge.nonce
         stored = await self.store.get_challenge(nonce)
         if stored is None:
@@ -382,6 +387,17 @@ def session_body(principal: Principal) -> dict[str, Any]:
         "signerDid": s.principal,
         "capabilities": list(s.capabilities),
     }
+
+
+MAX_SEQUENCE = 2**63 - 1
+
+
+def parse_sequence(text: str) -> int | None:
+    """A registry sequence from text (`^[1-9][0-9]*$`, at most int64); None when it is not one."""
+    if not text.isascii() or not text.isdigit() or text.startswith("0") or len(text) > 19:
+        return None
+    value = int(text)
+    return value if value <= MAX_SEQUENCE else None
 
 
 def _json_str(text: str) -> str:

@@ -24,6 +24,7 @@ import trio_asyncio
 from actors.ratelimiter import RateLimiterState, open_rate_limiter_channel, run_rate_limiter
 from api.app import create_app
 from api.http import Deps
+from api.server import follow_log
 from registry.config import Config, load_config
 from registry.identity import DidKeyIdentity, IdentityResolver
 from registry.keys import SigningKey
@@ -126,6 +127,7 @@ async def open_harness(
         app = create_app(Deps(registry=registry, limiter=limiter, config=config))
         async with trio.open_nursery() as nursery:
             nursery.start_soon(run_rate_limiter, inbox, state)
+            await nursery.start(follow_log, store, registry.cache)
             async with app.test_app() as test_app:
                 yield Harness(registry, test_app.test_client(), config)
             nursery.cancel_scope.cancel()

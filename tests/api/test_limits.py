@@ -1,0 +1,318 @@
+"""Admission limits (413), rate limits (429 and RateLimit-* headers), unknown routes and methods,
+and the absence of stack traces in error bodies."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from registry.keys import SigningKey
+from tests.api.api_support import JSON, anon_client, create, error_of, with_harness
+from tests.conftest import Harness, make_config
+from tests.helpers import bearer, idem, new_did, sign_in, signed_entry
+
+MIB = 1024 * 1024
+
+
+def _entry_body_of_size(key: SigningKey, size: int) -> bytes:
+    """A valid signed entry whose compact JSON text is exactly `size` bytes."""
+    did = new_did()
+
+    def body(pad: int) -> bytes:
+        entry = signed_entry(key, did, itemData={"blob": "x" * pad})
+        return json.dumps(entry, separators=(",", ":")).encode()
+
+    base = len(body(0))
+    out = body(size - base)
+    assert len(out) == size
+    return out
+
+
+# --- 413 ------------------------------------------------------------------------------------
+
+
+async def test_entry_body_over_1_mib_with_content_length_is_413(harness: Harness) -> None:
+    key = SigningKey.generate()
+    token = await sign_in(harness.client, key)
+    body = _entry_body_of_size(key, MIB + 1)
+    headers = bearer(token, **idem(**JSON, **{"Content-Length": str(len(body))}))
+    r = await harness.client.post("/v1/entries", data=body, headers=headers)
+    error = await error_of(r, 413, "body_too_large")
+    assert error.get("details", {}).get("limitBytes", MIB) == MIB
+    did = json.loads(body)["entryDid"]
+    r = await harness.client.get(f"/v1/entries/{did}")
+    assert r.status_code == 404
+
+
+async def test_entry_body_over_limit_declared_small_is_413(harness: Harness) -> None:
+    key = SigningKey.generate()
+    token = await sign_in(harness.client, key)
+    body = _entry_body_of_size(key, 2 * MIB)
+    headers = bearer(token, **idem(**JSON, **{"Content-Length": "100"}))
+    r = await harness.client.post("/v1/entries", data=body, headers=headers)
+    await error_of(r, 413, "body_too_large")
+
+
+async def test_entry_body_over_limit_without_content_length_is_413(harness: Harness) -> None:
+    key = SigningKey.generate()
+    token = await sign_in(harness.client, key)
+    body = _entry_body_of_size(key, MIB + 1)
+    r = await harness.client.post("/v1/entries", data=body, headers=bearer(token, **idem(**JSON)))
+    await error_of(r, 413, "body_too_large")
+
+
+async def test_oversized_body_is_refused_before_authentication(harness: Harness) -> None:
+    body = b'{"a":"' + b"x" * (2 * MIB) + b'"}'
+    r = await anon_client(harness).post(
+        "/v1/entries", data=body, headers={**JSON, **idem(), "Content-Length": str(len(body))}
+    )
+    await error_of(r, 413, "body_too_large")
+
+
+async def test_entry_body_of_exactly_1_mib_is_accepted(harness: Harness) -> None:
+    key = SigningKey.generate()
+    token = await sign_in(harness.client, key)
+    body = _entry_body_of_size(key, MIB)
+    headers = bearer(token, **idem(**JSON, **{"Content-Length": str(len(body))}))
+    r = await harness.client.post("/v1/entries", data=body, headers=headers)
+    assert r.status_code == 201, (await r.get_data())[:300]
+
+
+async def test_oversized_update_is_413(harness: Harness) -> None:
+    key = SigningKey.generate()
+    token = await sign_in(harness.client, key)
+    first = await create(harness, key, token)
+    body = b'{"a":"' + b"x" * (MIB + 10) + b'"}'
+    r = await harness.client.put(
+        f"/v1/entries/{first['entryDid']}",
+        data=body,
+        headers=bearer(token, **idem(**JSON, **{"Content-Length": str(len(body))})),
+    )
+    await error_of(r, 413, "body_too_large")
+
+
+async def test_oversized_challenge_request_is_413(harness: Harness) -> None:
+    body = json.dumps({"audience": "x" * (128 * 1024)}).encode()
+    r = await anon_client(harness).post(
+        "/v1/auth/siws/challenge", data=body, headers={**JSON, "Content-Length": str(len(body))}
+    )
+    await error_of(r, 413, "body_too_large")
+
+
+# --- 429 and RateLimit-* --------------------------------------------------------------------
+
+
+def _assert_rate_headers(response: Any, limit: int, remaining: int | None = None) -> None:
+    assert response.headers.get("RateLimit-Limit") == str(limit)
+    assert response.headers.get("RateLimit-Remaining") is not None
+    assert int(response.headers["RateLimit-Remaining"]) >= 0
+    if remaining is not None:
+        assert int(response.headers["RateLimit-Remaining"]) == remaining
+    assert response.headers.get("RateLimit-Reset") is not None
+    assert int(response.headers["RateLimit-Reset"]) >= 0
+
+
+async def test_successful_responses_carry_rate_limit_headers(harness: Harness) -> None:
+    key = SigningKey.generate()
+    token = await sign_in(harness.client, key)
+    entry = signed_entry(key)
+    r = await harness.client.post("/v1/entries", json=entry, headers=bearer(token, **idem()))
+    assert r.status_code == 201
+    _assert_rate_headers(r, 100_000)
+    r = await harness.client.get(f"/v1/entries/{entry['entryDid']}")
+    assert r.status_code == 200
+    _assert_rate_headers(r, 100_000)
+    r = await harness.client.get(f"/v1/entries/{entry['entryDid']}/versions")
+    _assert_rate_headers(r, 100_000)
+    r = await harness.client.get("/v1/health")
+    _assert_rate_headers(r, 100_000)
+
+
+async def test_write_rate_limit_is_429_with_headers(database_url: str, tmp_path: Path) -> None:
+    config = make_config(database_url, tmp_path, limits={"write_per_minute": 4})
+
+    async def body(h: Harness) -> None:
+        with trio.fail_after(30):
+            # Two sign-ins: 4 anonymous writes (challenge + verify each), the client's bucket.
+            key = SigningKey.generate()
+            token = await sign_in(anon_client(h), key)
+            other = SigningKey.generate()
+            other_token = await sign_in(anon_client(h), other)
+            r = await anon_client(h).post("/v1/auth/siws/challenge", json={"audience": "a"})
+            await error_of(r, 429, "write_rate_limited")
+            remaining = []
+            for _ in range(4):
+                r = await h.client.post(
+                    "/v1/entries", json=signed_entry(key), headers=bearer(token, **idem())
+                )
+                assert r.status_code == 201, await r.get_data()
+                _assert_rate_headers(r, 4)
+                remaining.append(int(r.headers["RateLimit-Remaining"]))
+            assert remaining == [3, 2, 1, 0]
+            refused = signed_entry(key)
+            r = await h.client.post("/v1/entries", json=refused, headers=bearer(token, **idem()))
+            error = await error_of(r, 429, "write_rate_limited")
+            retry_after = int(r.headers["Retry-After"])
+            assert 1 <= retry_after <= 60
+            _assert_rate_headers(r, 4, remaining=0)
+            assert int(r.headers["RateLimit-Reset"]) >= 1
+            assert error["details"]["retryAfterSeconds"] > 0
+            r = await h.client.get(f"/v1/entries/{refused['entryDid']}")
+            assert r.status_code == 404  # nothing was written
+            # Other write operations share the class; reads do not.
+            r = await h.client.post("/v1/auth/logout", headers=bearer(token, **idem()))
+            await error_of(r, 429, "write_rate_limited")
+            r = await h.client.get("/v1/auth/session", headers=bearer(token))
+            assert r.status_code == 200
+            # Buckets are per principal: another publisher still has its own.
+            r = await h.client.post(
+                "/v1/entries", json=signed_entry(other), headers=bearer(other_token, **idem())
+            )
+            assert r.status_code == 201, await r.get_data()
+
+    await with_harness(config, body)
+
+
+async def test_anonymous_write_rate_limit(database_url: str, tmp_path: Path) -> None:
+    config = make_config(database_url, tmp_path, limits={"write_per_minute": 2})
+
+    async def body(h: Harness) -> None:
+        with trio.fail_after(30):
+            client = anon_client(h)
+            for _ in range(2):
+                r = await client.post("/v1/auth/siws/challenge", json={"audience": "a"})
+                assert r.status_code == 200
+            r = await client.post("/v1/auth/siws/challenge", json={"audience": "a"})
+            await error_of(r, 429, "write_rate_limited")
+            assert int(r.headers["Retry-After"]) >= 1
+
+    await with_harness(config, body)
+
+
+async def test_read_rate_limit_is_429_with_headers(database_url: str, tmp_path: Path) -> None:
+    config = make_config(database_url, tmp_path, limits={"read_per_minute": 3})
+
+    async def body(h: Harness) -> None:
+        with trio.fail_after(30):
+            key = SigningKey.generate()
+            token = await sign_in(anon_client(h), key)
+            entry = await create(h, key, token)  # writes do not use read tokens
+            client = anon_client(h)
+            path = f"/v1/entries/{entry['entryDid']}"
+            for expected in (2, 1, 0):
+                r = await client.get(path)
+                assert r.status_code == 200
+                _assert_rate_headers(r, 3, remaining=expected)
+            r = await client.get(path)
+            await error_of(r, 429, "read_rate_limited")
+            assert 1 <= int(r.headers["Retry-After"]) <= 60
+            _assert_rate_headers(r, 3, remaining=0)
+            # The whole read class shares the bucket.
+            for other in (f"{path}/versions", f"{path}/lineage", "/v1/health"):
+                r = await client.get(other)
+                await error_of(r, 429, "read_rate_limited")
+            # Writes are a separate class.
+            r = await h.client.post(
+                "/v1/entries", json=signed_entry(key), headers=bearer(token, **idem())
+            )
+            assert r.status_code == 201, await r.get_data()
+            # An authenticated reader has a bucket of its own.
+            r = await client.get("/v1/auth/session", headers=bearer(token))
+            assert r.status_code == 200
+
+    await with_harness(config, body)
+
+
+# --- routes and methods -----------------------------------------------------------------------
+
+
+async def test_unknown_route_is_404_error_response(harness: Harness) -> None:
+    client = anon_client(harness)
+    for path in ("/v1/nope", "/nope", "/v2/entries", "/v1/entries/a/b/c/d"):
+        r = await client.get(path)
+        await error_of(r, 404, "route_not_found")
+    r = await client.post("/v1/nope", json={})
+    await error_of(r, 404, "route_not_found")
+
+
+async def test_wrong_method_is_405_error_response(harness: Harness) -> None:
+    client = anon_client(harness)
+    did = new_did()
+    for method, path in (
+        ("PATCH", f"/v1/entries/{did}"),
+        ("DELETE", "/v1/entries"),
+        ("GET", "/v1/auth/logout"),
+        ("PUT", "/v1/health"),
+        ("POST", f"/v1/entries/{did}/versions"),
+    ):
+        r = await client.open(path, method=method)
+        await error_of(r, 405, "method_not_allowed")
+
+
+async def test_405_lists_the_allowed_methods(harness: Harness) -> None:
+    """RFC 9110 §15.5.6: a 405 response MUST carry an Allow header."""
+    r = await anon_client(harness).open("/v1/entries", method="DELETE")
+    assert r.status_code == 405
+    allow = {m.strip().upper() for m in r.headers.get("Allow", "").split(",") if m.strip()}
+    assert "POST" in allow
+
+
+async def test_client_request_id_is_echoed(harness: Harness) -> None:
+    client = anon_client(harness)
+    r = await client.get("/v1/health", headers={"X-Request-Id": "trace-123"})
+    assert r.headers["X-Request-Id"] == "trace-123"
+    r = await client.get(f"/v1/entries/{new_did()}", headers={"X-Request-Id": "trace-456"})
+    error = await error_of(r, 404, "entry_not_found")
+    assert error["requestId"] == "trace-456"
+    # An unusable id is replaced, not echoed.
+    r = await client.get("/v1/health", headers={"X-Request-Id": "bad id\twith spaces"})
+    assert r.headers["X-Request-Id"] != "bad id\twith spaces"
+    assert r.headers["X-Request-Id"]
+
+
+async def test_error_bodies_never_contain_tracebacks(harness: Harness) -> None:
+    key = SigningKey.generate()
+    token = await sign_in(harness.client, key)
+    entry = await create(harness, key, token)
+    did = entry["entryDid"]
+    client = anon_client(harness)
+    auth = bearer(token, **idem(**JSON))
+    requests: list[tuple[str, str, Any, dict[str, str]]] = [
+        ("POST", "/v1/entries", b"{", auth),
+        ("POST", "/v1/entries", b'{"entryDid": []}', auth),
+        ("POST", "/v1/entries", b"[1, 2, {}]", auth),
+        ("POST", "/v1/entries", b'{"a": ' * 200 + b"1" + b"}" * 200, auth),
+        ("POST", "/v1/entries", b'"\\udc00"', auth),
+        ("POST", "/v1/entries", b"\x00\x01\x02", auth),
+        ("PUT", f"/v1/entries/{did}", b"null", auth),
+        ("PUT", f"/v1/entries/{did}", b'{"sequence": "x"}', auth),
+        ("PUT", f"/v1/entries/{did}", json.dumps({**entry, "sequence": -1}).encode(), auth),
+        ("POST", "/v1/auth/siws/challenge", b'{"audience": {"$gt": ""}}', JSON),
+        ("POST", "/v1/auth/siws/verify", b"{}", JSON),
+        ("POST", "/v1/auth/siws/verify", b'{"audience":"a","challenge":1,"response":2}', JSON),
+        (
+            "POST",
+            "/v1/auth/siws/verify",
+            json.dumps({"audience": "a", "challenge": {}, "response": {}}).encode(),
+            JSON,
+        ),
+        ("POST", "/v1/auth/logout", b"{", auth),
+        ("GET", f"/v1/entries/{did}/versions?limit=99999999999999999999", b"", {}),
+        ("GET", f"/v1/entries/{did}/versions?cursor=a%00b", b"", {}),
+        ("GET", "/v1/entries/%ff%fe", b"", {}),
+        ("GET", "/v1/auth/session", b"", {"Authorization": "Bearer \u00e9"}),
+    ]
+    for method, path, body, headers in requests:
+        r = await client.open(path, method=method, data=body, headers=headers)
+        raw = (await r.get_data()).decode("utf-8", "replace")
+        assert r.headers.get("X-Request-Id"), (method, path)
+        assert "Traceback" not in raw, (method, path, raw)
+        assert 'File "' not in raw, (method, path, raw)
+        assert r.status_code < 500, (method, path, r.status_code, raw)
+        if r.status_code >= 400:
+            parsed = json.loads(raw)
+            assert set(parsed) == {"error"}
+            assert {"code", "message", "requestId"} <= set(parsed["error"])

@@ -1,0 +1,138 @@
+"""Operations endpoints: health, deep health (admin) and the OpenAPI document."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import trio
+import trio.lowlevel
+
+from api.server import follow_log
+from registry.keys import SigningKey
+from tests.api.api_support import anon_client, error_of, with_harness
+from tests.conftest import Harness, make_config
+from tests.helpers import bearer, sign_in
+
+OPERATION_IDS = {
+    "create_entry",
+    "update_entry",
+    "delete_entry",
+    "get_entry",
+    "get_entry_lineage",
+    "list_entry_versions",
+    "get_entry_version",
+    "siws_challenge",
+    "siws_verify",
+    "session",
+    "logout",
+    "health",
+    "deep_health",
+}
+
+
+async def _with_log_follower(h: Harness, nursery: trio.Nursery) -> None:
+    """Start the log follower the real server runs (the test harness does not), and wait
+    until it is connected."""
+    nursery.start_soon(follow_log, h.registry.store, h.registry.cache)
+    with trio.fail_after(10):
+        while not h.registry.cache.enabled:
+            await trio.lowlevel.checkpoint()  # the follower connects through asyncpg
+
+
+async def test_health_is_ok(harness: Harness) -> None:
+    async with trio.open_nursery() as nursery:
+        await _with_log_follower(harness, nursery)
+        r = await anon_client(harness).get("/v1/health")
+        assert r.status_code == 200, await r.get_data()
+        assert r.headers.get("X-Request-Id")
+        body = await r.get_json()
+        assert body["status"] == "ok", body
+        assert body["checks"]["database"] == "ok"
+        assert body["checks"]["migrations"] == "ok"
+        assert all(isinstance(v, str) for v in body["checks"].values())
+        nursery.cancel_scope.cancel()
+
+
+async def test_health_needs_no_session_and_answers_200(harness: Harness) -> None:
+    r = await anon_client(harness).get("/v1/health")
+    assert r.status_code == 200
+    body = await r.get_json()
+    assert body["status"] in ("ok", "degraded")
+    assert body["checks"]["database"] == "ok"
+    assert body["checks"]["migrations"] == "ok"
+
+
+async def test_openapi_document(harness: Harness) -> None:
+    r = await anon_client(harness).get("/v1/openapi.json")
+    assert r.status_code == 200
+    assert r.headers["Content-Type"].startswith("application/json")
+    doc = await r.get_json()
+    assert doc["openapi"].startswith("3.1")
+    assert doc["info"]["title"]
+    ids = [
+        op["operationId"]
+        for item in doc["paths"].values()
+        for method, op in item.items()
+        if method in ("get", "post", "put", "delete", "patch")
+    ]
+    assert len(ids) == len(set(ids)), ids
+    assert set(ids) >= OPERATION_IDS
+    assert all(path.startswith("/v1/") for path in doc["paths"])
+    schemas = doc["components"]["schemas"]
+    assert "RegistryEntry" in schemas
+    assert "ErrorResponse" in schemas
+
+
+async def test_openapi_marks_idempotency_and_auth(harness: Harness) -> None:
+    r = await anon_client(harness).get("/v1/openapi.json")
+    doc = await r.get_json()
+    operations = {
+        op["operationId"]: op
+        for item in doc["paths"].values()
+        for method, op in item.items()
+        if method in ("get", "post", "put", "delete")
+    }
+    for op_id in ("create_entry", "update_entry", "delete_entry", "logout"):
+        params = operations[op_id].get("parameters", [])
+        header = [p for p in params if p["in"] == "header" and p["name"] == "Idempotency-Key"]
+        assert header, op_id
+        assert header[0]["required"] is True
+        assert operations[op_id].get("security"), op_id
+    for op_id in ("get_entry", "get_entry_lineage", "list_entry_versions", "health"):
+        assert not operations[op_id].get("security"), op_id
+
+
+async def test_deep_health_requires_a_session(harness: Harness) -> None:
+    r = await anon_client(harness).get("/v1/health/deep")
+    await error_of(r, 401, "session_missing")
+
+
+async def test_deep_health_is_403_for_a_normal_session(harness: Harness) -> None:
+    token = await sign_in(harness.client, SigningKey.generate())
+    r = await anon_client(harness).get("/v1/health/deep", headers=bearer(token))
+    error = await error_of(r, 403, "capability_missing")
+    assert error.get("details", {}).get("capability", "admin") == "admin"
+
+
+async def test_deep_health_for_an_admin(database_url: str, tmp_path: Path) -> None:
+    admin = SigningKey.generate()
+    config = make_config(database_url, tmp_path, auth={"admin_dids": [admin.did]})
+
+    async def body(h: Harness) -> None:
+        async with trio.open_nursery() as nursery:
+            await _with_log_follower(h, nursery)
+            token = await sign_in(anon_client(h), admin)
+            r = await anon_client(h).get("/v1/health/deep", headers=bearer(token))
+            assert r.status_code == 200, await r.get_data()
+            body = await r.get_json()
+            assert body["status"] == "ok", body
+            assert body["checks"]["database"] == "ok"
+            assert body["checks"]["migrations"] == "ok"
+            assert all(isinstance(v, str) for v in body["checks"].values())
+            # A non-admin in the same deployment is still refused.
+            token = await sign_in(anon_client(h), SigningKey.generate())
+            r = await anon_client(h).get("/v1/health/deep", headers=bearer(token))
+            await error_of(r, 403, "capability_missing")
+            nursery.cancel_scope.cancel()
+
+    await with_harness(config, body)
