@@ -22,6 +22,7 @@ CLASSES = ("read", "write", "query")
 # Requests arrive from many handlers at once; a buffer lets them enqueue without a rendezvous.
 BUFFER = 256
 SWEEP_EVERY = 10_000
+MAX_BUCKETS = 200_000  # sweep early when this many clients were seen within a minute
 
 
 @dataclass
@@ -44,6 +45,8 @@ class RateLimiter:
         self._send = send
 
     async def acquire(self, klass: str, client: str) -> Decision:
+        if klass not in CLASSES:
+            raise ValueError(f"unknown rate-limit class {klass!r}")
         reply = _Reply()
         await self._send.send(Acquire(klass, client, reply))
         await reply.event.wait()
@@ -73,7 +76,7 @@ class RateLimiterState:
         self.buckets[(klass, client)] = bucket
         self.handled += 1
         self.refused += not decision.allowed
-        if self.handled % SWEEP_EVERY == 0:
+        if self.handled % SWEEP_EVERY == 0 or len(self.buckets) > MAX_BUCKETS:
             self.sweep(now)
         return decision
 

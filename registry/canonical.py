@@ -4,7 +4,8 @@ Every signature and hash in the registry is computed over JCS bytes, and JCS is 
 IEEE-754 doubles and Unicode strings. A document that JCS cannot represent faithfully is refused at
 the door instead of being silently altered:
 
-* integers outside ±(2^53 − 1), and number literals whose integral value a double cannot hold;
+* integers outside ±(2^53 − 1), and any number whose canonical form would be one (a double in
+  [2^53, 10^21) is printed by JCS as a plain integer, which strict parsers read as unsafe);
 * NaN, Infinity and numbers that overflow a double;
 * duplicate member names (which member would the signer have meant?);
 * lone UTF-16 surrogates in strings or member names (they have no UTF-8 encoding);
@@ -21,7 +22,6 @@ import hashlib
 import json
 import math
 import re
-from decimal import Decimal
 from typing import Any
 
 from registry.errors import Invalid
@@ -63,9 +63,10 @@ def _parse_float(literal: str) -> float:
     value = float(literal)
     if math.isinf(value):
         raise _Rejected("number_out_of_range", f"number {literal[:40]} overflows a double")
-    if abs(value) > MAX_SAFE_INTEGER and value.is_integer() and Decimal(literal) != Decimal(value):
+    if MAX_SAFE_INTEGER < abs(value) < 1e21:
         raise _Rejected(
-            "unsafe_integer", f"number {literal[:40]} cannot be represented exactly as a double"
+            "unsafe_integer",
+            f"number {literal[:40]} is an integer outside ±(2^53-1) and cannot be signed exactly",
         )
     return value
 
@@ -83,7 +84,8 @@ _DECODER = json.JSONDecoder(
 
 
 def _check_tree(value: Any, depth: int) -> None:
-    if depth > MAX_DEPTH:
+    """`depth` counts the containers enclosing `value`; at most MAX_DEPTH may nest."""
+    if isinstance(value, dict | list) and depth >= MAX_DEPTH:
         raise _Rejected("too_deep", f"JSON nesting deeper than {MAX_DEPTH} levels")
     if isinstance(value, str):
         if _SURROGATE.search(value):
@@ -102,10 +104,16 @@ def parse_strict(raw: bytes | str) -> JSONValue:
     """Parse one JSON text under the I-JSON rules; raise `Invalid` naming what was wrong."""
     try:
         text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
-    except UnicodeDecodeError as exc:
-        raise Invalid("body is not valid UTF-8", code="invalid_json") from exc
+    except UnicodeDecodeError:
+        raise Invalid(
+            "body is not valid UTF-8", code="invalid_json", details={"rule": "invalid_utf8"}
+        ) from None
     if text.startswith("\ufeff"):
-        raise Invalid("body must not start with a byte order mark", code="invalid_json")
+        raise Invalid(
+            "body must not start with a byte order mark",
+            code="invalid_json",
+            details={"rule": "byte_order_mark"},
+        )
     try:
         value = _DECODER.decode(text)
         _check_tree(value, 0)

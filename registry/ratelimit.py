@@ -75,4 +75,5 @@ class Backoff:
     maximum: float = 30.0
 
     def delay(self, failures: int) -> float:
-        return min(self.maximum, self.initial * self.factor ** max(0, failures - 1))
+        exponent = min(max(0, failures - 1), 64)  # bounded: factor ** 1024 overflows a float
+        return min(self.maximum, self.initial * self.factor**exponent)

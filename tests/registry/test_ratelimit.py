@@ -1,0 +1,161 @@
+"""The sans-IO token bucket and backoff: (state, now) in, (decision, state) out."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from registry.ratelimit import Backoff, Bucket, Decision, Rate, is_idle, refill, take
+
+
+def drain(rate: Rate, now: float, count: int) -> tuple[list[Decision], Bucket | None]:
+    bucket: Bucket | None = None
+    decisions = []
+    for _ in range(count):
+        decision, bucket = take(bucket, rate, now)
+        decisions.append(decision)
+    return decisions, bucket
+
+
+def test_rate_capacity_and_refill_speed() -> None:
+    assert Rate(120).capacity == 120.0
+    assert Rate(120).per_second == 2.0
+
+
+def test_a_new_client_starts_with_a_full_bucket() -> None:
+    decision, bucket = take(None, Rate(60), now=100.0)
+    assert decision == Decision(
+        allowed=True, limit=60, remaining=59, retry_after=0.0, reset_after=1.0
+    )
+    assert bucket == Bucket(tokens=59.0, updated=100.0)
+
+
+def test_per_minute_requests_at_once_then_refused_with_exact_retry_after() -> None:
+    decisions, bucket = drain(Rate(60), now=0.0, count=61)
+    assert all(d.allowed for d in decisions[:60])
+    assert [d.remaining for d in decisions[:3]] == [59, 58, 57]
+    assert decisions[59].remaining == 0
+    refused = decisions[60]
+    assert refused == Decision(
+        allowed=False, limit=60, remaining=0, retry_after=1.0, reset_after=60.0
+    )
+    assert bucket == Bucket(tokens=0.0, updated=0.0)
+
+
+def test_refused_request_takes_no_token() -> None:
+    _, bucket = drain(Rate(60), now=0.0, count=60)
+    for _ in range(5):
+        decision, bucket = take(bucket, Rate(60), now=0.0)
+        assert not decision.allowed
+        assert decision.retry_after == 1.0
+    assert bucket == Bucket(tokens=0.0, updated=0.0)
+
+
+def test_retry_after_shrinks_as_the_bucket_refills() -> None:
+    rate = Rate(120)  # 2 tokens a second
+    _, bucket = drain(rate, now=0.0, count=120)
+    decision, bucket = take(bucket, rate, now=0.25)
+    assert (decision.allowed, decision.retry_after) == (False, 0.25)
+    decision, bucket = take(bucket, rate, now=0.5)
+    assert (decision.allowed, decision.retry_after, decision.remaining) == (True, 0.0, 0)
+
+
+def test_refill_is_linear_and_capped_at_capacity() -> None:
+    rate = Rate(60)
+    empty = Bucket(tokens=0.0, updated=10.0)
+    assert refill(empty, rate, 10.0) == 0.0
+    assert refill(empty, rate, 10.5) == 0.5
+    assert refill(empty, rate, 40.0) == 30.0
+    assert refill(empty, rate, 70.0) == 60.0
+    assert refill(empty, rate, 10_000.0) == 60.0
+    assert refill(None, rate, 0.0) == 60.0
+
+
+def test_a_clock_going_backwards_refills_nothing() -> None:
+    assert refill(Bucket(tokens=3.0, updated=10.0), Rate(60), 5.0) == 3.0
+
+
+def test_after_a_full_minute_idle_the_bucket_is_full_again() -> None:
+    rate = Rate(60)
+    _, bucket = drain(rate, now=0.0, count=60)
+    assert bucket is not None
+    assert not is_idle(bucket, rate, 59.0)
+    assert is_idle(bucket, rate, 60.0)
+    decisions = []
+    for _ in range(61):
+        decision, bucket = take(bucket, rate, 60.0)
+        decisions.append(decision.allowed)
+    assert decisions == [True] * 60 + [False]
+
+
+def test_reset_after_is_the_time_to_a_full_bucket() -> None:
+    rate = Rate(30)  # one token every 2 s
+    decisions, _ = drain(rate, now=0.0, count=10)
+    assert decisions[-1].reset_after == 20.0
+
+
+@given(
+    st.integers(1, 600),
+    st.lists(st.floats(0.0, 5.0, allow_nan=False), min_size=1, max_size=300),
+)
+def test_never_more_than_capacity_plus_refill_over_any_window(
+    per_minute: int, gaps: list[float]
+) -> None:
+    rate = Rate(per_minute)
+    bucket: Bucket | None = None
+    now = 0.0
+    allowed_at: list[float] = []
+    for gap in gaps:
+        now += gap
+        decision, bucket = take(bucket, rate, now)
+        assert 0.0 <= bucket.tokens <= rate.capacity
+        assert decision.remaining == int(bucket.tokens)
+        if decision.allowed:
+            assert decision.retry_after == 0.0
+            allowed_at.append(now)
+        else:
+            assert 0.0 < decision.retry_after <= 1.0 / rate.per_second
+            # Coming back exactly when told is enough.
+            assert take(bucket, rate, now + decision.retry_after + 1e-9)[0].allowed
+    for start_index, start in enumerate(allowed_at):
+        for end_index in range(start_index, len(allowed_at)):
+            window = allowed_at[end_index] - start
+            served = end_index - start_index + 1
+            assert served <= rate.capacity + window * rate.per_second + 1e-6
+
+
+@given(st.integers(1, 600), st.floats(0.0, 120.0), st.floats(0.0, 600.0))
+def test_an_idle_bucket_decides_exactly_like_a_forgotten_one(
+    per_minute: int, tokens_fraction: float, later: float
+) -> None:
+    rate = Rate(per_minute)
+    bucket = Bucket(tokens=min(rate.capacity, tokens_fraction), updated=0.0)
+    if is_idle(bucket, rate, later):
+        assert take(bucket, rate, later) == take(None, rate, later)
+
+
+# --- backoff ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("failures", "delay"),
+    [(1, 0.5), (2, 1.0), (3, 2.0), (4, 4.0), (5, 8.0), (6, 16.0), (7, 30.0), (50, 30.0)],
+)
+def test_default_backoff_doubles_from_half_a_second_up_to_30(failures: int, delay: float) -> None:
+    assert Backoff().delay(failures) == delay
+
+
+def test_backoff_with_custom_parameters() -> None:
+    backoff = Backoff(initial=1.0, factor=3.0, maximum=10.0)
+    assert [backoff.delay(n) for n in range(1, 5)] == [1.0, 3.0, 9.0, 10.0]
+
+
+def test_backoff_before_any_failure_is_the_initial_delay() -> None:
+    assert Backoff().delay(0) == 0.5
+
+
+@pytest.mark.parametrize("failures", [1024, 1025, 10_000])
+def test_backoff_stays_at_the_ceiling_after_very_many_failures(failures: int) -> None:
+    # At the 30 s ceiling, 1025 consecutive failures take about eight and a half hours.
+    assert Backoff().delay(failures) == 30.0
