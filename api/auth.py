@@ -50,7 +50,9 @@ def register(app: QuartTrio) -> None:
             await deps().registry.logout(principal)
             return 200, dumps({"loggedOut": True}), False
 
-        response = await idempotent(ctx, "logout", effect)
+        # Scoped by session: another session of the same principal is a different logout.
+        scope = "session:" + principal.token_hash.hex()
+        response = await idempotent(ctx, "logout", effect, scope=scope)
         response.delete_cookie(
             SESSION_COOKIE, path="/", httponly=True, secure=True, samesite="Strict"
         )

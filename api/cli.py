@@ -19,13 +19,28 @@ SESSION_FILE = Path(
 ).expanduser()
 
 
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line; tracebacks are a field, not extra lines."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {
+            "t": self.formatTime(record),
+            "level": record.levelname,
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        if record.exc_info:
+            line["exc"] = self.formatException(record.exc_info)
+        return json.dumps(line, ensure_ascii=False)
+
+
 def _setup_logging(config: Config) -> None:
-    fmt = (
-        '{"t":"%(asctime)s","level":"%(levelname)s","logger":"%(name)s","msg":"%(message)s"}'
-        if config.logging.format == "json"
-        else "%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    logging.basicConfig(level=config.logging.level, format=fmt, stream=sys.stderr)
+    handler = logging.StreamHandler(sys.stderr)
+    if config.logging.format == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=config.logging.level, handlers=[handler])
 
 
 def _config(args: argparse.Namespace) -> Config:
@@ -37,11 +52,15 @@ def _config(args: argparse.Namespace) -> Config:
 def cmd_serve(args: argparse.Namespace) -> int:
     import trio
 
-    from api.server import serve
+    from api.server import DataDirInUse, serve
 
     config = _config(args)
     _setup_logging(config)
-    trio.run(serve, config)
+    try:
+        trio.run(serve, config)
+    except DataDirInUse as exc:
+        print(f"registry: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

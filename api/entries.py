@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from urllib.parse import quote
 
 from quart import Response, request
 from quart_trio import QuartTrio
@@ -47,7 +48,7 @@ def register(app: QuartTrio) -> None:
         async def effect(idem: IdemKey) -> tuple[int, str, bool]:
             served = await deps().registry.create_entry(principal, data, idem)
             ctx.extra_headers["ETag"] = _etag(served.sequence)
-            ctx.extra_headers["Location"] = f"/v1/entries/{data['entryDid']}"
+            ctx.extra_headers["Location"] = "/v1/entries/" + quote(data["entryDid"], safe=":")
             return 201, served.doc, True
 
         return await idempotent(ctx, "create_entry", effect)
@@ -84,7 +85,9 @@ def register(app: QuartTrio) -> None:
         served = await deps().registry.get_entry(did)
         etag = _etag(served.sequence)
         if _matches(request.headers.get("If-None-Match"), etag):
-            return Response(b"", status=304, headers={"ETag": etag})
+            response = Response(b"", status=304, headers={"ETag": etag})
+            del response.headers["Content-Type"]
+            return response
         return json_response(served.doc, 200, ETag=etag)
 
     @app.get("/v1/entries/<did>/lineage")

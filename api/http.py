@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import trio
 from quart import Response, current_app, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
@@ -51,6 +52,7 @@ class Ctx:
     request_id: str
     principal: Principal | None = None
     body: bytes = b""
+    body_read: bool = False
     decision: Decision | None = None
     extra_headers: dict[str, str] = field(default_factory=dict)
     _parsed: Any = None
@@ -127,6 +129,23 @@ def _check_content_type() -> None:
         )
 
 
+async def _drain(limit: int, ctx: Ctx) -> None:
+    """Read and discard the body of a request answered early (401, 429, ...), so the connection
+    stays usable: Hypercorn cannot recycle or even close a connection whose request body is
+    unread. Bounded by the admission limit and a few seconds; otherwise the answer says close."""
+    with trio.move_on_after(5):
+        try:
+            await read_body(limit)
+        except TooLarge:
+            return
+        ctx.body_read = True
+
+
+def _may_have_body() -> bool:
+    length = request.headers.get("Content-Length")
+    return bool(request.headers.get("Transfer-Encoding")) or (length is not None and length != "0")
+
+
 def rate_headers(decision: Decision, headers: Any) -> None:
     headers["RateLimit-Limit"] = str(decision.limit)
     headers["RateLimit-Remaining"] = str(decision.remaining)
@@ -155,7 +174,20 @@ def endpoint(
                 if auth != "none":
                     token = bearer_token()
                     if token is not None:
-                        ctx.principal = await d.registry.authenticate(token)
+                        try:
+                            ctx.principal = await d.registry.authenticate(token)
+                        except Unauthorized:
+                            # Failed attempts spend the client address's bucket: guessing
+                            # tokens is throttled like any other traffic.
+                            ctx.decision = await d.limiter.acquire(klass, client_address(d.config))
+                            if not ctx.decision.allowed:
+                                raise RateLimited(
+                                    f"{klass} rate limit exceeded",
+                                    retry_after=ctx.decision.retry_after,
+                                    limit=ctx.decision.limit,
+                                    code=f"{klass}_rate_limited",
+                                ) from None
+                            raise
                     elif auth == "required":
                         raise Unauthorized("a session is required", code="session_missing")
                 client = ctx.principal.did if ctx.principal else client_address(d.config)
@@ -170,10 +202,17 @@ def endpoint(
                 if body_limit:
                     _check_content_type()
                     ctx.body = await read_body(limit)
+                    ctx.body_read = True
                 response = await handler(ctx, **kwargs)
             except Exception as exc:  # mapped in one place; unknown errors become a bare 500
+                if body_limit and not ctx.body_read and not isinstance(exc, TooLarge):
+                    await _drain(limit, ctx)
                 response = error_response(exc, ctx.request_id)
             response.headers["X-Request-Id"] = ctx.request_id
+            if body_limit and not ctx.body_read and _may_have_body():
+                # Answered before reading the body: the rest of it would still be on the wire,
+                # so this connection cannot carry another request.
+                response.headers["Connection"] = "close"
             if ctx.decision is not None and ctx.decision.allowed:
                 rate_headers(ctx.decision, response.headers)
             for name, value in ctx.extra_headers.items():

@@ -46,11 +46,14 @@ async def idempotent(
     ctx: Ctx,
     operation: str,
     effect: Callable[[IdemKey], Awaitable[tuple[int, str, bool]]],
+    *,
+    scope: str | None = None,
 ) -> Response:
     """Run `effect` at most once per key. `effect` returns (status, body, recorded) where
     `recorded` says the store already wrote the idempotency record with the effect."""
     key = _key_from_header()
-    scope = ctx.principal.did if ctx.principal else "anonymous"
+    if scope is None:
+        scope = ctx.principal.did if ctx.principal else "anonymous"
     idem = IdemKey(scope, operation, key, fingerprint(request.method, request.path, ctx))
     store = deps().registry.store
     state = await store.idem_begin(idem, LEASE_SECONDS)

@@ -46,12 +46,12 @@ class HttpIdentityResolver:
             )
         try:
             body = response.json()
-            identity = Identity(
-                root_did=str(body["rootDid"]),
-                root_kind=str(body["rootKind"]),
-                hmr_did=str(body.get("hmrDid") or signer_did),
-            )
-        except (ValueError, KeyError, TypeError) as exc:
+            root_did, root_kind = body["rootDid"], body["rootKind"]
+            hmr_did = body.get("hmrDid") or signer_did
+            if not all(isinstance(v, str) and v for v in (root_did, root_kind, hmr_did)):
+                raise TypeError("rootDid, rootKind and hmrDid must be non-empty strings")
+            identity = Identity(root_did=root_did, root_kind=root_kind, hmr_did=hmr_did)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise UpstreamFailed(
                 "identity lookup answered malformed JSON", code="identity_lookup_failed"
             ) from exc

@@ -9,10 +9,13 @@ supervisor. SIGINT/SIGTERM trigger a graceful stop: Hypercorn finishes in-flight
 
 from __future__ import annotations
 
+import fcntl
 import logging
+import os
 import signal
-from collections.abc import Callable
-from contextlib import AsyncExitStack
+from collections.abc import Callable, Iterator
+from contextlib import AsyncExitStack, contextmanager
+from pathlib import Path
 from typing import Any
 
 import hypercorn.trio
@@ -65,6 +68,49 @@ async def follow_log(
         cache.clear()
 
 
+class DataDirInUse(Exception):
+    """Another registry process serves the embedded database of this data directory."""
+
+
+@contextmanager
+def _own_data_dir(data_dir: Path) -> Iterator[None]:
+    """Hold an exclusive lock on the data directory while its embedded cluster is ours.
+
+    A second `serve` on the same directory would share the cluster and stop it on exit; it fails
+    instead. The kernel releases the lock if we die, so after a kill -9 the next start takes over
+    (and reuses the cluster, if PostgreSQL survived).
+    """
+    path = data_dir / "registry.lock"
+    handle = path.open("a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        owner = handle.read().strip() or "another process"
+        handle.close()
+        raise DataDirInUse(
+            f"{data_dir} is in use by a running registry ({owner}); give this one its own"
+            " --data-dir, or a --database-url to share a database"
+        ) from None
+    try:
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()}\n")
+        handle.flush()
+        yield
+    finally:
+        handle.close()  # releases the lock
+
+
+async def run_janitor(store: PgStore, *, every_seconds: float = 3600.0) -> None:
+    """Delete what has expired: idempotency records (24 h), sessions, challenges, stale claims."""
+    while True:
+        removed = await store.purge_expired()
+        if removed:
+            log.info("janitor removed %s", removed)
+        await trio.sleep(every_seconds)
+
+
 def _hypercorn_config(config: Config) -> HyperConfig:
     hconfig = HyperConfig()
     hconfig.bind = [f"{config.server.host}:{config.server.port}"]
@@ -101,6 +147,7 @@ async def serve(
     async with trio_asyncio.open_loop(), AsyncExitStack() as stack:
         dsn = config.database.url
         if not dsn:
+            stack.enter_context(_own_data_dir(data_dir))
             embedded = EmbeddedPostgres(data_dir, logger=log)
             dsn = await trio.to_thread.run_sync(embedded.start)
             stack.push_async_callback(trio.to_thread.run_sync, embedded.stop)
@@ -132,6 +179,7 @@ async def serve(
             actors: dict[str, Callable[[], Any]] = {
                 "rate-limiter": lambda: run_rate_limiter(limiter_inbox, limiter_state),
                 "log-follower": lambda: follow_log(store, registry.cache),
+                "janitor": lambda: run_janitor(store),
             }
             for name, body in actors.items():
                 nursery.start_soon(supervise, name, body)

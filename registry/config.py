@@ -12,7 +12,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from registry.did import is_did, public_key_from_did_key
 
@@ -101,6 +108,12 @@ class LimitsConfig(_Section):
     query_body_bytes: Annotated[int, Field(ge=1024)] = 64 * 1024
     federation_body_bytes: Annotated[int, Field(ge=1024)] = 4 * 1024 * 1024
     small_body_bytes: Annotated[int, Field(ge=1024)] = 64 * 1024
+
+    @model_validator(mode="after")
+    def _pages(self) -> LimitsConfig:
+        if self.default_page_size > self.max_page_size:
+            raise ValueError("default_page_size must not exceed max_page_size")
+        return self
 
 
 class AnchoringConfig(_Section):

@@ -186,7 +186,7 @@ def validate_model(model: type[M], data: Any, *, code: str) -> M:
 
 
 class ChallengeRequest(WireModel):
-    audience: Annotated[str, StringConstraints(min_length=1, max_length=256)]
+    audience: Label  # printable: it is rendered into the signed message, one line
 
 
 class Challenge(WireModel):

@@ -261,6 +261,22 @@ class PgStore:
         )
         return value is not None
 
+    @_seam
+    async def purge_expired(self) -> dict[str, int]:
+        """Delete expired idempotency records, sessions, challenges and claims."""
+        counts: dict[str, int] = {}
+        statements = {
+            "idempotency": "DELETE FROM idempotency WHERE created_at < now() - interval '24 hours'",
+            "claims": "DELETE FROM idempotency_claims WHERE locked_until < now()",
+            "sessions": "DELETE FROM sessions WHERE expires_at < now() - interval '1 day'",
+            "challenges": "DELETE FROM challenges WHERE expires_at < now()",
+        }
+        async with self._pool.acquire() as conn:
+            for name, sql in statements.items():
+                status = await conn.execute(sql)
+                counts[name] = int(status.rsplit(" ", 1)[-1])
+        return {k: v for k, v in counts.items() if v}
+
     # --- the log --------------------------------------------------------------------------
 
     @_seam

@@ -149,3 +149,47 @@ def test_cli_keygen_writes_key_and_prints_did(tmp_path: Path) -> None:
         check=False,
     )
     assert again.returncode == 1
+
+
+def test_early_answer_before_the_body_keeps_the_connection_usable(
+    tmp_path: Path, database_url: str
+) -> None:
+    """A 401 decided before the body is read must not leave the keep-alive connection hanging:
+    the server reads (and discards) the late body, then answers the next request."""
+    import socket
+
+    with run_server(tmp_path, database_url=database_url) as server:
+        port = int(server.url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(
+                b"POST /v1/entries HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: 2\r\nIdempotency-Key: k\r\n\r\n"
+            )
+            sock.sendall(b"{}")  # the body arrives after the headers
+            first = b""
+            while b"session_missing" not in first:
+                first += sock.recv(4096)
+            assert first.startswith(b"HTTP/1.1 401")
+            sock.sendall(b"GET /v1/health HTTP/1.1\r\nHost: x\r\n\r\n")
+            second = b""
+            while b'"status"' not in second:
+                second += sock.recv(4096)
+            assert second.startswith(b"HTTP/1.1 200")
+
+
+def test_second_serve_on_the_same_embedded_data_dir_refuses(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    with run_server(data_dir) as server:
+        second = subprocess.run(
+            [sys.executable, "-m", "api.cli", "serve", "--port", "0", "--data-dir", str(data_dir)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert second.returncode == 1
+        assert "in use by a running registry" in second.stderr
+        assert httpx.get(f"{server.url}/v1/health", timeout=5).status_code == 200
+    location = data_dir / "postgres.location"
+    if location.exists():
+        shutil.rmtree(Path(location.read_text().strip()), ignore_errors=True)

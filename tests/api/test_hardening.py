@@ -1,0 +1,94 @@
+"""Attacker-minded checks found in review: session-scoped logout keys, header encoding,
+throttled token guessing, no line injection into the signed sign-in message, expiry cleanup."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio_asyncio
+from quart.testing import QuartClient
+
+from registry.config import ConfigError
+from registry.keys import SigningKey
+from registry.store.pg import open_pg_store
+from tests.conftest import Harness, make_config, open_harness
+from tests.helpers import bearer, idem, sign_in, signed_entry
+
+
+def _fresh_client(h: Harness) -> QuartClient:
+    client = h.client.app.test_client()
+    client.cookie_jar = None
+    return client
+
+
+async def test_logout_key_reused_by_another_session_still_logs_that_session_out(
+    harness: Harness,
+) -> None:
+    key = SigningKey.generate()
+    first = await sign_in(harness.client, key)
+    second = await sign_in(harness.client, key)
+    client = _fresh_client(harness)
+    shared_key = {"Idempotency-Key": "logout-1"}
+    r = await client.post("/v1/auth/logout", headers=bearer(first, **shared_key))
+    assert r.status_code == 200
+    r = await client.post("/v1/auth/logout", headers=bearer(second, **shared_key))
+    assert r.status_code == 200
+    assert "Idempotent-Replayed" not in r.headers
+    r = await client.get("/v1/auth/session", headers=bearer(second))
+    assert r.status_code == 401
+
+
+async def test_location_header_is_percent_encoded(harness: Harness) -> None:
+    key = SigningKey.generate()
+    token = await sign_in(harness.client, key)
+    did = "did:example:a%20b"
+    r = await harness.client.post(
+        "/v1/entries", json=signed_entry(key, did), headers=bearer(token, **idem())
+    )
+    assert r.status_code == 201
+    location = r.headers["Location"]
+    assert location == "/v1/entries/did:example:a%2520b"
+    r = await harness.client.get(location)
+    assert r.status_code == 200
+    assert (await r.get_json())["entryDid"] == did
+
+
+async def test_guessing_tokens_is_rate_limited(database_url: str, tmp_path: Path) -> None:
+    config = make_config(database_url, tmp_path, limits={"read_per_minute": 3})
+    async for h in open_harness(config):
+        client = _fresh_client(h)
+        statuses = [
+            (await client.get("/v1/auth/session", headers=bearer(f"guess-{n}"))).status_code
+            for n in range(5)
+        ]
+        assert statuses[:3] == [401, 401, 401]
+        assert statuses[3:] == [429, 429]
+
+
+@pytest.mark.parametrize("audience", ["a\nNonce: forged", "tab\there", "nul\x00", ""])
+async def test_audience_must_be_one_printable_line(harness: Harness, audience: str) -> None:
+    r = await harness.client.post("/v1/auth/siws/challenge", json={"audience": audience})
+    assert r.status_code == 400
+    assert (await r.get_json())["error"]["code"] == "invalid_challenge_request"
+
+
+async def test_janitor_purges_only_what_expired(database_url: str) -> None:
+    async with trio_asyncio.open_loop(), open_pg_store(database_url) as store:
+        execute = trio_asyncio.aio_as_trio(store._pool.execute)
+        await execute(
+            "INSERT INTO idempotency (scope, operation, key, fingerprint, status, response,"
+            " created_at) VALUES ('janitor', 'op', 'old', '\\x00', 200, '{}',"
+            " now() - interval '25 hours'), ('janitor', 'op', 'new', '\\x00', 200, '{}', now())"
+        )
+        removed = await store.purge_expired()
+        assert removed.get("idempotency", 0) >= 1
+        keys = await trio_asyncio.aio_as_trio(store._pool.fetch)(
+            "SELECT key FROM idempotency WHERE scope = 'janitor'"
+        )
+        assert [r["key"] for r in keys] == ["new"]
+
+
+def test_default_page_size_above_max_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="default_page_size"):
+        make_config("", Path("."), limits={"default_page_size": 200, "max_page_size": 100})
