@@ -247,6 +247,42 @@ def canonicalize(value: JSONValue) -> bytes:
     return "".join(out).encode("utf-8")
 
 
+def canonical_members(obj: dict[str, Any]) -> dict[str, str]:
+    """JCS text of each member value of an object: the pieces of its JCS form.
+
+    `join_members` reassembles them, so a caller that needs JCS of several sub-selections of one
+    object (a signed payload, a stored form, a hash of one member) canonicalises each value once.
+    """
+    return {key: canonicalize(value).decode("utf-8") for key, value in obj.items()}
+
+
+def _member_order(keys: Any) -> list[str]:
+    ordered = sorted(keys)
+    if any(not key.isascii() and _NON_BMP.search(key) for key in ordered):
+        ordered.sort(key=_utf16_key)
+    return ordered
+
+
+def join_members(members: dict[str, str]) -> str:
+    """JCS text of the object whose members' JCS texts are `members`."""
+    return (
+        "{" + ",".join(_encode_string(k) + ":" + members[k] for k in _member_order(members)) + "}"
+    )
+
+
+def split_members(members: dict[str, str], hole: str) -> tuple[str, str]:
+    """JCS text of the object with a member `hole` whose value is left out: (before, after).
+
+    `before + <JCS of the value> + after` is the JCS text of the complete object.
+    """
+    keys = _member_order([*members, hole])
+    at = keys.index(hole)
+    head = ",".join(_encode_string(k) + ":" + members[k] for k in keys[:at])
+    tail = ",".join(_encode_string(k) + ":" + members[k] for k in keys[at + 1 :])
+    before = "{" + head + ("," if head else "") + _encode_string(hole) + ":"
+    return before, ("," + tail if tail else "") + "}"
+
+
 def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 

@@ -63,6 +63,7 @@ class CheckedEntry:
     """An entry that passed every structural and cryptographic check."""
 
     doc: dict[str, Any]  # as received, minus registry-managed fields
+    members: dict[str, str]  # JCS text of each member value as received
     model: RegistryEntry
     based_on: int | None  # the `sequence` the client sent (update: the version it edited)
 
@@ -84,7 +85,8 @@ def check_entry(data: Any) -> CheckedEntry:
     if not isinstance(data, dict):
         raise Invalid("the entry must be a JSON object", code="entry_invalid")
     model = validate_model(RegistryEntry, data, code="entry_invalid")
-    expected = canonical.item_data_hash(data["itemData"])
+    members = canonical.canonical_members(data)
+    expected = canonical.sha256_hex(members["itemData"].encode("utf-8"))
     if model.item_data_hash != expected:
         raise Invalid(
             "itemDataHash is not the SHA-256 of JCS(itemData)",
@@ -107,14 +109,17 @@ def check_entry(data: Any) -> CheckedEntry:
             details={"field": "signature.keyId"},
         ) from None
     signature = b64url_decode(model.signature.value) if _is_b64(model.signature.value) else b""
-    if len(signature) != 64 or not verify(public_key, signing_bytes(data), signature):
+    payload = canonical.join_members(
+        {k: v for k, v in members.items() if k not in UNSIGNED_FIELDS}
+    ).encode("utf-8")
+    if len(signature) != 64 or not verify(public_key, payload, signature):
         raise Invalid(
             "signature does not verify over JCS of the publisher payload",
             code="signature_invalid",
             details={"field": "signature.value"},
         )
     doc = {k: v for k, v in data.items() if k not in MANAGED_FIELDS}
-    return CheckedEntry(doc=doc, model=model, based_on=model.sequence)
+    return CheckedEntry(doc=doc, members=members, model=model, based_on=model.sequence)
 
 
 def _is_b64(text: str) -> bool:
@@ -140,47 +145,27 @@ class StoredForm:
         return f"{self.prefix}{sequence}{self.suffix}"
 
 
-def stored_form(doc: dict[str, Any], *, updated_at: str, signature_created: str) -> StoredForm:
-    """JCS of `doc` + registry-managed fields, with a hole where `sequence` goes."""
-    served = dict(doc)
-    signature = dict(served["signature"])
-    signature.setdefault("created", signature_created)
-    served["signature"] = signature
-    served["anchorState"] = "unanchored"
-    served["updatedAt"] = updated_at
-    marker = -1  # never a legal sequence; located structurally below, not by search
-    served["sequence"] = marker
-    text = canonical.canonicalize(served).decode("utf-8")
-    # Members of the top-level object are emitted in sorted order; find "sequence" at depth 1.
-    head = _top_level_member_offset(text, "sequence")
-    value_start = head + len('"sequence":')
-    assert text[value_start : value_start + 2] == "-1"
-    return StoredForm(prefix=text[:value_start], suffix=text[value_start + 2 :])
+def stored_form(
+    doc: dict[str, Any],
+    *,
+    updated_at: str,
+    signature_created: str,
+    members: dict[str, str] | None = None,
+) -> StoredForm:
+    """JCS of `doc` + registry-managed fields, with a hole where `sequence` goes.
 
-
-def _top_level_member_offset(text: str, name: str) -> int:
-    depth = 0
-    in_string = False
-    escaped = False
-    needle = f'"{name}":'
-    for index, char in enumerate(text):
-        if in_string:
-            if escaped:
-                escaped = False
-            elif char == "\\":
-                escaped = True
-            elif char == '"':
-                in_string = False
-            continue
-        if char == '"':
-            if depth == 1 and text.startswith(needle, index):
-                return index
-            in_string = True
-        elif char in "{[":
-            depth += 1
-        elif char in "}]":
-            depth -= 1
-    raise ValueError(f"no top-level member {name!r}")
+    `members` (from `canonical.canonical_members` of the received entry) saves re-encoding.
+    """
+    pieces = dict(members) if members is not None else canonical.canonical_members(doc)
+    for name in MANAGED_FIELDS:
+        pieces.pop(name, None)
+    if "created" not in doc["signature"]:
+        signature = {**doc["signature"], "created": signature_created}
+        pieces["signature"] = canonical.canonicalize(signature).decode("utf-8")
+    pieces["anchorState"] = '"unanchored"'
+    pieces["updatedAt"] = canonical.canonicalize(updated_at).decode("utf-8")
+    prefix, suffix = canonical.split_members(pieces, "sequence")
+    return StoredForm(prefix=prefix, suffix=suffix)
 
 
 def sign_entry(

@@ -273,7 +273,9 @@ class Registry:
         idem: IdemKey | None,
     ) -> Served:
         at = rfc3339(self.clock_ms())
-        form = entry_rules.stored_form(entry.doc, updated_at=at, signature_created=at)
+        form = entry_rules.stored_form(
+            entry.doc, updated_at=at, signature_created=at, members=entry.members
+        )
         write = EntryWrite(
             kind=kind,
             entry_did=entry.did,
