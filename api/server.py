@@ -32,7 +32,8 @@ from registry.config import Config
 from registry.identity import DidKeyIdentity, IdentityResolver
 from registry.keys import load_or_create_key
 from registry.ratelimit import Rate
-from registry.service import HeadCache, Registry
+from registry.service import FollowedCache, Registry, Served
+from registry.store import SessionRecord
 from registry.store.embedded import EmbeddedPostgres
 from registry.store.migrate import migrate
 from registry.store.pg import PgStore, open_pg_store
@@ -42,30 +43,37 @@ log = logging.getLogger("registry")
 
 async def follow_log(
     store: PgStore,
-    cache: HeadCache,
+    entries: FollowedCache[str, Served],
+    sessions: FollowedCache[bytes, SessionRecord] | None = None,
     *,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Invalidate cached entry heads as changes commit (in any process on this database).
+    """Keep the in-process caches true as changes commit (in any process on this database).
 
-    Caching is on only while the follower is connected; a lost notification clears the cache.
+    Caching is on only while the follower is connected; a lost notification clears the caches.
     """
+    caches: list[FollowedCache[Any, Any]] = [entries] + ([sessions] if sessions else [])
     try:
-        async with store.listen("registry_log") as notes:
-            cache.clear()
-            cache.enabled = True
+        async with store.listen("registry_log", "registry_session") as notes:
+            for cache in caches:
+                cache.clear()
+                cache.enabled = True
             task_status.started()
             while True:
                 batch = await notes.receive()
                 if batch is None:
-                    cache.clear()
+                    for cache in caches:
+                        cache.clear()
                     continue
-                for payload in batch:
-                    _, _, did = payload.partition(" ")
-                    cache.invalidate(did)
+                for channel, payload in batch:
+                    if channel == "registry_log":
+                        entries.invalidate(payload.partition(" ")[2])
+                    elif sessions is not None:
+                        sessions.invalidate(bytes.fromhex(payload))
     finally:
-        cache.enabled = False
-        cache.clear()
+        for cache in caches:
+            cache.enabled = False
+            cache.clear()
 
 
 class DataDirInUse(Exception):
@@ -178,7 +186,7 @@ async def serve(
         async with trio.open_nursery() as nursery:
             actors: dict[str, Callable[[], Any]] = {
                 "rate-limiter": lambda: run_rate_limiter(limiter_inbox, limiter_state),
-                "log-follower": lambda: follow_log(store, registry.cache),
+                "log-follower": lambda: follow_log(store, registry.cache, registry.sessions),
                 "janitor": lambda: run_janitor(store),
             }
             for name, body in actors.items():

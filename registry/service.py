@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from registry import entries as entry_rules
 from registry.canonical import canonicalize
@@ -70,41 +70,46 @@ class Served:
     doc: str
 
 
-class HeadCache:
-    """Latest served version per entry DID, invalidated by the log.
+K = TypeVar("K")
+V = TypeVar("V")
 
-    Readers fill it (only if no invalidation happened while they read: `epoch`), the log follower
-    and local writers invalidate it. All access is from the one Trio thread, with no `await`
-    between a check and its use. Bounded: the oldest half is dropped when full.
+
+class FollowedCache(Generic[K, V]):
+    """An in-process cache kept true by the log follower (LISTEN/NOTIFY from every process).
+
+    Readers fill it only if no invalidation happened while they read (`epoch`), so a change that
+    commits during a lookup can never be overwritten by the older value. It is on only while the
+    follower is connected. All access is from the one Trio thread, with no `await` between a
+    check and its use. Bounded: the oldest half is dropped when full.
     """
 
     def __init__(self, capacity: int = 50_000) -> None:
-        self._docs: dict[str, Served] = {}
+        self._items: dict[K, V] = {}
         self._capacity = capacity
         self.epoch = 0
-        self.enabled = False  # on only while the log follower is connected
+        self.enabled = False
 
-    def get(self, did: str) -> Served | None:
-        return self._docs.get(did) if self.enabled else None
+    def get(self, key: K) -> V | None:
+        return self._items.get(key) if self.enabled else None
 
-    def put(self, did: str, served: Served, epoch: int) -> None:
+    def put(self, key: K, value: V, epoch: int) -> None:
         if not self.enabled or epoch != self.epoch:
             return
-        if len(self._docs) >= self._capacity:
-            for key in list(self._docs)[: self._capacity // 2]:
-                del self._docs[key]
-        self._docs[did] = served
+        if len(self._items) >= self._capacity:
+            for old in list(self._items)[: self._capacity // 2]:
+                del self._items[old]
+        self._items[key] = value
 
-    def invalidate(self, did: str) -> None:
+    def invalidate(self, key: K) -> None:
         self.epoch += 1
-        self._docs.pop(did, None)
+        self._items.pop(key, None)
 
     def clear(self) -> None:
         self.epoch += 1
-        self._docs.clear()
+        self._items.clear()
 
     def statistics(self) -> dict[str, int]:
-        return {"size": len(self._docs), "epoch": self.epoch, "enabled": int(self.enabled)}
+        return {"size": len(self._items), "epoch": self.epoch, "enabled": int(self.enabled)}
 
 
 class Registry:
@@ -124,7 +129,8 @@ class Registry:
         self.key = key
         self.identity = identity
         self.clock_ms = clock_ms
-        self.cache = HeadCache()
+        self.cache: FollowedCache[str, Served] = FollowedCache()  # entry DID → head
+        self.sessions: FollowedCache[bytes, SessionRecord] = FollowedCache()  # token hash
 
     @property
     def did(self) -> str:
@@ -370,13 +376,19 @@ class Registry:
 
     async def authenticate(self, token: str) -> Principal:
         token_hash = hash_token(token)
-        session = await self.store.get_session(token_hash)
+        session = self.sessions.get(token_hash)
+        if session is None:
+            epoch = self.sessions.epoch
+            session = await self.store.get_session(token_hash)
+            if session is not None:
+                self.sessions.put(token_hash, session, epoch)
         if session is None or session.expires_at_ms <= self.clock_ms():
             raise Unauthorized("session missing, expired or unknown", code="session_invalid")
         return Principal(session.principal, session.capabilities, session, token_hash)
 
     async def logout(self, principal: Principal) -> None:
-        await self.store.revoke_session(principal.token_hash)
+        await self.store.revoke_session(principal.token_hash)  # notifies every process
+        self.sessions.invalidate(principal.token_hash)
 
 
 def session_body(principal: Principal) -> dict[str, Any]:

@@ -127,7 +127,7 @@ async def open_harness(
         app = create_app(Deps(registry=registry, limiter=limiter, config=config))
         async with trio.open_nursery() as nursery:
             nursery.start_soon(run_rate_limiter, inbox, state)
-            await nursery.start(follow_log, store, registry.cache)
+            await nursery.start(follow_log, store, registry.cache, registry.sessions)
             async with app.test_app() as test_app:
                 yield Harness(registry, test_app.test_client(), config)
             nursery.cancel_scope.cancel()

@@ -255,8 +255,9 @@ class PgStore:
     @_seam
     async def revoke_session(self, token_hash: bytes) -> bool:
         value = await self._pool.fetchval(
-            "UPDATE sessions SET revoked_at = now() WHERE token_hash = $1 AND revoked_at IS NULL"
-            " RETURNING 1",
+            "WITH revoked AS (UPDATE sessions SET revoked_at = now()"
+            " WHERE token_hash = $1 AND revoked_at IS NULL RETURNING token_hash)"
+            " SELECT pg_notify('registry_session', encode(token_hash, 'hex')) FROM revoked",
             token_hash,
         )
         return value is not None
@@ -298,19 +299,21 @@ class PgStore:
     # --- notifications --------------------------------------------------------------------
 
     @asynccontextmanager
-    async def listen(self, channel: str) -> AsyncIterator[Notifications]:
-        """Receive NOTIFY payloads of `channel` on a dedicated connection while inside."""
+    async def listen(self, *channels: str) -> AsyncIterator[Notifications]:
+        """Receive NOTIFY payloads of `channels` on a dedicated connection while inside."""
         notes = Notifications()
         conn = await trio_asyncio.aio_as_trio(self._pool.acquire)()
         conn.add_termination_listener(notes.terminated)
         try:
-            await trio_asyncio.aio_as_trio(conn.add_listener)(channel, notes.push)
+            for channel in channels:
+                await trio_asyncio.aio_as_trio(conn.add_listener)(channel, notes.push)
             yield notes
         finally:
             with trio.CancelScope(shield=True):
                 try:
                     conn.remove_termination_listener(notes.terminated)
-                    await trio_asyncio.aio_as_trio(conn.remove_listener)(channel, notes.push)
+                    for channel in channels:
+                        await trio_asyncio.aio_as_trio(conn.remove_listener)(channel, notes.push)
                     await trio_asyncio.aio_as_trio(self._pool.release)(conn)
                 except (asyncpg.InterfaceError, OSError):
                     pass  # the connection died; asyncpg's pool has already reclaimed it
@@ -322,7 +325,7 @@ class Notifications:
     LIMIT = 10_000
 
     def __init__(self) -> None:
-        self._pending: list[str] = []
+        self._pending: list[tuple[str, str]] = []
         self._lost = False
         self._closed = False
         self._wake = trio.Event()
@@ -332,16 +335,16 @@ class Notifications:
         self._closed = True
         self._wake.set()
 
-    def push(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+    def push(self, _conn: object, _pid: int, channel: str, payload: str) -> None:
         if len(self._pending) >= self.LIMIT:
             self._lost = True
             self._pending.clear()
         else:
-            self._pending.append(payload)
+            self._pending.append((channel, payload))
         self._wake.set()
 
-    async def receive(self) -> list[str] | None:
-        """The next batch of payloads, or None when some were lost (start over).
+    async def receive(self) -> list[tuple[str, str]] | None:
+        """The next batch of (channel, payload), or None when some were lost (start over).
 
         Raises `Unavailable` once the listening connection has terminated."""
         await self._wake.wait()

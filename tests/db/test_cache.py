@@ -6,14 +6,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import asyncpg
+import pytest
 import trio
 import trio_asyncio
 
 from api.server import follow_log
-from registry.errors import Unavailable
+from registry.errors import Unauthorized, Unavailable
 from registry.identity import DidKeyIdentity
 from registry.keys import SigningKey
 from registry.service import Principal, Registry
+from registry.signin import build_response
 from registry.store import SessionRecord
 from registry.store.pg import open_pg_store
 from tests.conftest import make_config
@@ -81,3 +83,43 @@ async def test_change_from_another_process_invalidates_and_lost_listener_disable
             assert failure, "the follower must fail when its connection is lost"
             assert not mine.cache.enabled
             assert mine.cache.get(did) is None
+
+
+async def test_logout_in_another_process_revokes_a_cached_session(
+    database_url: str, tmp_path: Path
+) -> None:
+    config = make_config(database_url, tmp_path)
+    key = SigningKey.generate()
+    with trio.fail_after(30):
+        async with (
+            trio_asyncio.open_loop(),
+            open_pg_store(database_url) as store,
+            open_pg_store(database_url) as other_store,
+        ):
+            mine = Registry(store=store, config=config, key=key, identity=DidKeyIdentity())
+            other = Registry(store=other_store, config=config, key=key, identity=DidKeyIdentity())
+            challenge = await other.challenge({"audience": "cache-test"})
+            body, token = await other.verify(
+                {
+                    "audience": "cache-test",
+                    "challenge": challenge,
+                    "response": build_response(challenge, key),
+                }
+            )
+            revoked = trio.Event()
+            plain_invalidate = mine.sessions.invalidate
+
+            def spy(token_hash: bytes) -> None:
+                plain_invalidate(token_hash)
+                revoked.set()
+
+            mine.sessions.invalidate = spy  # type: ignore[method-assign]
+            async with trio.open_nursery() as nursery:
+                await nursery.start(follow_log, store, mine.cache, mine.sessions)
+                principal = await mine.authenticate(token)
+                assert mine.sessions.get(principal.token_hash) is not None  # cached
+                await other.logout(await other.authenticate(token))
+                await revoked.wait()
+                with pytest.raises(Unauthorized):
+                    await mine.authenticate(token)
+                nursery.cancel_scope.cancel()
