@@ -99,7 +99,7 @@ async def test_logout_in_another_process_revokes_a_cached_session(
             mine = Registry(store=store, config=config, key=key, identity=DidKeyIdentity())
             other = Registry(store=other_store, config=config, key=key, identity=DidKeyIdentity())
             challenge = await other.challenge({"audience": "cache-test"})
-            body, token = await other.verify(
+            _body, token = await other.verify(
                 {
                     "audience": "cache-test",
                     "challenge": challenge,
