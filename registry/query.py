@@ -1,0 +1,235 @@
+"""The query model: one `RegistryQuery` that `POST /v1/discover` and RegistryQL both compile to.
+
+A query names an entry type (or all types), optionally a service endpoint type, a boolean filter
+expression over the fields below, an ordering, a page size and an offset or cursor. The SQL
+compiler (`registry.store.discover`) turns it into one parameterised statement; nothing from
+the input is ever spliced into SQL text.
+
+Expression nodes are frozen, hashable dataclasses in a canonical shape: `And`/`Or` are n-ary
+with at least two children, none of which is of the same kind (so `a AND b AND c` is one
+`And` of three), which makes "parse(render(q)) == q" a meaningful property.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Literal, Union
+
+from registry.errors import Invalid
+
+Value = str | int | float | bool | None
+CompareOp = Literal["=", "!=", "<", ">", "<=", ">="]
+
+ALL_TYPES = "*"
+MAX_OFFSET = 10_000
+MAX_IN_VALUES = 100
+MAX_TEXT = 512
+MAX_NODES = 256
+
+
+@dataclass(frozen=True)
+class Compare:
+    field: str
+    op: CompareOp
+    value: Value
+
+
+@dataclass(frozen=True)
+class InList:
+    field: str
+    values: tuple[Value, ...]
+
+
+@dataclass(frozen=True)
+class Contains:
+    field: str
+    value: Value
+
+
+@dataclass(frozen=True)
+class Match:
+    """Full-text match over name, description and tags."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Not:
+    expr: Expr
+
+
+@dataclass(frozen=True)
+class And:
+    exprs: tuple[Expr, ...]
+
+
+@dataclass(frozen=True)
+class Or:
+    exprs: tuple[Expr, ...]
+
+
+@dataclass(frozen=True)
+class HasRelationship:
+    """Some relationship of the entry has this type and/or target (both on the same element)."""
+
+    relationship_type: str | None
+    target_did: str | None
+
+
+Expr = Union[Compare, InList, Contains, Match, Not, And, Or, HasRelationship]  # noqa: UP007
+
+OrderField = Literal["relevance", "publishedAt", "updatedAt", "name", "sequence"]
+ORDER_FIELDS: tuple[str, ...] = ("relevance", "publishedAt", "updatedAt", "name", "sequence")
+
+
+@dataclass(frozen=True)
+class OrderKey:
+    field: OrderField
+    descending: bool
+
+
+@dataclass(frozen=True)
+class RegistryQuery:
+    entry_type: str = ALL_TYPES
+    service_type: str | None = None
+    where: Expr | None = None
+    order: tuple[OrderKey, ...] = ()
+    limit: int | None = None
+    offset: int | None = None
+    cursor: str | None = field(default=None, compare=True)
+
+
+# --- fields -----------------------------------------------------------------------------------
+
+FieldKind = Literal["text", "token", "did", "time", "int", "list", "metadata", "relationship"]
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    kind: FieldKind
+    ops: frozenset[str]
+
+
+_EQ = frozenset({"=", "!=", "IN"})
+_ORD = frozenset({"=", "!=", "<", ">", "<=", ">=", "IN"})
+
+FIELDS: dict[str, FieldSpec] = {
+    "entryDid": FieldSpec("did", _ORD),
+    "entryType": FieldSpec("token", _EQ),
+    "name": FieldSpec("text", _ORD | {"CONTAINS"}),
+    "description": FieldSpec("text", frozenset({"CONTAINS"})),
+    "version": FieldSpec("text", _EQ),
+    "publisherDid": FieldSpec("did", _EQ),
+    "lifecycleStatus": FieldSpec("token", _EQ),
+    "tags": FieldSpec("list", frozenset({"CONTAINS", "IN"})),
+    "serviceType": FieldSpec("list", frozenset({"=", "CONTAINS", "IN"})),
+    "publishedAt": FieldSpec("time", _ORD - {"IN"}),
+    "updatedAt": FieldSpec("time", _ORD - {"IN"}),
+    "sequence": FieldSpec("int", _ORD),
+    "relationships.targetDid": FieldSpec("relationship", frozenset({"=", "IN"})),
+    "relationships.relationshipType": FieldSpec("relationship", frozenset({"=", "IN"})),
+}
+METADATA_PREFIX = "customMetadata."
+METADATA_OPS = frozenset({"=", "!="})
+_METADATA_KEY = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+LIFECYCLE_DEFAULT_EXCLUDES = ("revoked",)
+
+
+def field_spec(name: str) -> FieldSpec | None:
+    """The spec of a filterable field; `customMetadata.<key>` is a family of fields."""
+    if name.startswith(METADATA_PREFIX):
+        key = name[len(METADATA_PREFIX) :]
+        return FieldSpec("metadata", METADATA_OPS) if _METADATA_KEY.match(key) else None
+    return FIELDS.get(name)
+
+
+def check_operator(name: str, op: str) -> str | None:
+    """None when `name op …` is allowed, else a message saying why not."""
+    spec = field_spec(name)
+    if spec is None:
+        known = ", ".join([*FIELDS, "customMetadata.<key>"])
+        return f"unknown field {name!r} (fields: {known})"
+    if op not in spec.ops:
+        allowed = ", ".join(sorted(spec.ops))
+        return f"operator {op} does not apply to {name} (allowed: {allowed})"
+    return None
+
+
+def mentions(expr: Expr | None, name: str) -> bool:
+    """Whether the expression filters on field `name` anywhere."""
+    if expr is None:
+        return False
+    if isinstance(expr, Compare | InList | Contains):
+        return expr.field == name
+    if isinstance(expr, Not):
+        return mentions(expr.expr, name)
+    if isinstance(expr, And | Or):
+        return any(mentions(e, name) for e in expr.exprs)
+    return False
+
+
+def has_match(expr: Expr | None) -> bool:
+    if isinstance(expr, Match):
+        return True
+    if isinstance(expr, Not):
+        return has_match(expr.expr)
+    if isinstance(expr, And | Or):
+        return any(has_match(e) for e in expr.exprs)
+    return False
+
+
+def match_texts(expr: Expr | None) -> list[str]:
+    """The MATCH texts outside any NOT: they rank results for `relevance` ordering."""
+    if isinstance(expr, Match):
+        return [expr.text]
+    if isinstance(expr, And | Or):
+        return [t for e in expr.exprs for t in match_texts(e)]
+    return []
+
+
+def count_nodes(expr: Expr | None) -> int:
+    if expr is None:
+        return 0
+    if isinstance(expr, Not):
+        return 1 + count_nodes(expr.expr)
+    if isinstance(expr, And | Or):
+        return 1 + sum(count_nodes(e) for e in expr.exprs)
+    return 1
+
+
+def conjunction(parts: list[Expr]) -> Expr | None:
+    """`And` of `parts` in canonical shape (flattened; None when empty)."""
+    flat: list[Expr] = []
+    for part in parts:
+        flat.extend(part.exprs if isinstance(part, And) else (part,))
+    if not flat:
+        return None
+    return flat[0] if len(flat) == 1 else And(tuple(flat))
+
+
+def effective_order(query: RegistryQuery) -> tuple[OrderKey, ...]:
+    """The ordering actually applied: the query's, else relevance for text queries, else newest
+    change first. `entryDid` ascending always breaks ties (added by the compiler)."""
+    if query.order:
+        return query.order
+    if match_texts(query.where):
+        return (OrderKey("relevance", True),)
+    return (OrderKey("sequence", True),)
+
+
+def check_query(query: RegistryQuery) -> None:
+    """Semantic checks shared by both front ends (the parsers check syntax and positions)."""
+    if count_nodes(query.where) > MAX_NODES:
+        raise Invalid(f"the filter has more than {MAX_NODES} nodes", code="query_too_complex")
+    if query.limit is not None and query.limit < 1:
+        raise Invalid("limit must be at least 1", code="invalid_limit")
+    if query.offset is not None and not 0 <= query.offset <= MAX_OFFSET:
+        raise Invalid(f"offset must be between 0 and {MAX_OFFSET}", code="invalid_offset")
+    if query.offset and query.cursor:
+        raise Invalid("use either offset or cursor, not both", code="invalid_cursor")
+    fields = [k.field for k in query.order]
+    if len(set(fields)) != len(fields):
+        raise Invalid("each ORDER BY field may appear once", code="invalid_order")
+    if "relevance" in fields and not match_texts(query.where):
+        raise Invalid("ordering by relevance needs a text match", code="invalid_order")
