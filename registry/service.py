@@ -17,10 +17,12 @@ from typing import Any, Generic, TypeVar
 from registry import entries as entry_rules
 from registry.canonical import canonicalize
 from registry.config import Config
+from registry.discovery import CursorCodec
 from registry.errors import Conflict, Forbidden, Invalid, NotFound, Unauthorized
 from registry.identity import IdentityResolver
 from registry.keys import SigningKey
 from registry.models import ChallengeRequest, VerifyRequest, validate_model
+from registry.query import RegistryQuery
 from registry.signin import (
     capabilities_for,
     check_response,
@@ -30,6 +32,7 @@ from registry.signin import (
     signer_public_key_text,
 )
 from registry.store import EntryHead, EntryWrite, IdemKey, SessionRecord, Store
+from registry.store.discover import compile_discover
 
 
 def rfc3339(ms: int) -> str:
@@ -129,6 +132,7 @@ class Registry:
         self.key = key
         self.identity = identity
         self.clock_ms = clock_ms
+        self.cursors = CursorCodec(key.seed)
         self.cache: FollowedCache[str, Served] = FollowedCache()  # entry DID → head
         self.sessions: FollowedCache[bytes, SessionRecord] = FollowedCache()  # token hash
 
@@ -296,6 +300,21 @@ class Registry:
         seq, doc = await self.store.write_entry(write, idem)
         self.cache.invalidate(entry.did)
         return Served(seq, doc)
+
+    # --- discovery ----------------------------------------------------------------------
+
+    async def discover(self, query: RegistryQuery) -> str:
+        """One page of results as JSON text: {entries, cursor?, hasMore, totalCount}."""
+        size = self.page_size(query.limit)
+        after = self.cursors.decode(query, query.cursor) if query.cursor else None
+        plan = compile_discover(query, limit=size, after=after)
+        rows, total = await self.store.discover(plan)
+        has_more = len(rows) > size
+        rows = rows[:size]
+        body = '{"entries":[' + ",".join(doc for doc, _ in rows) + "]"
+        if has_more:
+            body += ',"cursor":' + _json_str(self.cursors.encode(query, rows[-1][1]))
+        return body + f',"hasMore":{"true" if has_more else "false"},"totalCount":{total}}}'
 
     # --- sign-in and sessions -----------------------------------------------------------
 

@@ -7,7 +7,10 @@ protocol keeps the driver swappable and lets pure code be tested without a datab
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from registry.store.discover import Plan
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,8 @@ class Store(Protocol):
         self, entry_did: str, before_seq: int | None, limit: int
     ) -> tuple[list[str], int]: ...
     async def get_version(self, entry_did: str, seq: int) -> str | None: ...
+
+    async def discover(self, plan: Plan) -> tuple[list[tuple[str, list[Any]]], int]: ...
 
     async def put_challenge(
         self, nonce: str, challenge: dict[str, Any], expires_ms: int

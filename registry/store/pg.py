@@ -30,6 +30,7 @@ from registry.store import (
     LogRecord,
     SessionRecord,
 )
+from registry.store.discover import Plan
 
 log = logging.getLogger(__name__)
 P = ParamSpec("P")
@@ -191,6 +192,17 @@ class PgStore:
             seq,
         )
         return None if value is None else str(value)
+
+    # --- discovery ------------------------------------------------------------------------
+
+    @_seam
+    async def discover(self, plan: Plan) -> tuple[list[tuple[str, list[Any]]], int]:
+        """One page (doc, sort values) and the total count of a compiled query."""
+        async with self._pool.acquire() as conn:
+            rows = await conn.fetch(plan.page_sql, *plan.page_params)
+            total = await conn.fetchval(plan.count_sql, *plan.count_params)
+        keys = [name for name in (rows[0].keys() if rows else ()) if name.startswith("k")]
+        return [(r["doc"], [r[k] for k in keys]) for r in rows], int(total)
 
     # --- sign-in --------------------------------------------------------------------------
 

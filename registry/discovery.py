@@ -1,0 +1,171 @@
+"""Discovery: the structured `DiscoverRequest`, its translation to `RegistryQuery`, keyset cursors.
+
+Cursors are opaque and tamper-evident: base64url of a small JSON position (the last row's sort
+values), bound to the query it came from by a hash of that query, and authenticated with an
+HMAC keyed from the registry's own key. A cursor that fails any check is a 400.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, StringConstraints
+
+from registry.errors import Invalid
+from registry.models import DateTime, Did, Tag, Token, WireModel, validate_model
+from registry.query import (
+    ALL_TYPES,
+    MAX_IN_VALUES,
+    MAX_OFFSET,
+    MAX_TEXT,
+    Compare,
+    Contains,
+    Expr,
+    HasRelationship,
+    InList,
+    Match,
+    OrderKey,
+    RegistryQuery,
+    check_query,
+    conjunction,
+)
+
+EntryTypeOrAll = Annotated[str, StringConstraints(pattern=r"^(\*|[A-Za-z][A-Za-z0-9._-]{0,63})$")]
+MetadataKey = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+Scalar = Annotated[str, StringConstraints(max_length=1024)] | int | float | bool | None
+
+
+class RelationshipFilter(WireModel):
+    relationship_type: Token | None = Field(default=None, alias="relationshipType")
+    target_did: Did | None = Field(default=None, alias="targetDid")
+
+
+class DiscoverRequest(WireModel):
+    """`POST /v1/discover` (design §12). Every field is optional; `{}` lists everything."""
+
+    entry_type: EntryTypeOrAll = Field(default=ALL_TYPES, alias="entryType")
+    text: Annotated[str, StringConstraints(min_length=1, max_length=MAX_TEXT)] | None = None
+    tags: Annotated[list[Tag], Field(max_length=MAX_IN_VALUES)] | None = None
+    any_tags: Annotated[list[Tag], Field(min_length=1, max_length=MAX_IN_VALUES)] | None = Field(
+        default=None, alias="anyTags"
+    )
+    publisher_did: Did | None = Field(default=None, alias="publisherDid")
+    lifecycle_status: (
+        Annotated[
+            list[Literal["draft", "active", "deprecated", "revoked"]],
+            Field(min_length=1, max_length=4),
+        ]
+        | None
+    ) = Field(default=None, alias="lifecycleStatus")
+    service_type: Token | None = Field(default=None, alias="serviceType")
+    relationship: RelationshipFilter | None = None
+    metadata: Annotated[dict[MetadataKey, Scalar], Field(max_length=32)] | None = None
+    published_after: DateTime | None = Field(default=None, alias="publishedAfter")
+    published_before: DateTime | None = Field(default=None, alias="publishedBefore")
+    updated_after: DateTime | None = Field(default=None, alias="updatedAfter")
+    updated_before: DateTime | None = Field(default=None, alias="updatedBefore")
+    order_by: Literal["relevance", "publishedAt", "updatedAt", "name", "sequence"] | None = Field(
+        default=None, alias="orderBy"
+    )
+    order: Literal["asc", "desc"] | None = None
+    limit: int | None = None
+    cursor: Annotated[str, StringConstraints(min_length=1, max_length=2048)] | None = None
+    offset: Annotated[int, Field(ge=0, le=MAX_OFFSET)] | None = None
+
+
+def request_to_query(request: DiscoverRequest) -> RegistryQuery:
+    parts: list[Expr] = []
+    if request.text is not None:
+        parts.append(Match(request.text))
+    for tag in request.tags or ():
+        parts.append(Contains("tags", tag))
+    if request.any_tags:
+        parts.append(InList("tags", tuple(request.any_tags)))
+    if request.publisher_did is not None:
+        parts.append(Compare("publisherDid", "=", request.publisher_did))
+    if request.lifecycle_status:
+        parts.append(InList("lifecycleStatus", tuple(request.lifecycle_status)))
+    relationship = request.relationship
+    if relationship is not None and (relationship.relationship_type or relationship.target_did):
+        parts.append(HasRelationship(relationship.relationship_type, relationship.target_did))
+    for key, value in (request.metadata or {}).items():
+        parts.append(Compare(f"customMetadata.{key}", "=", value))
+    for name, op, value in (
+        ("publishedAt", ">", request.published_after),
+        ("publishedAt", "<", request.published_before),
+        ("updatedAt", ">", request.updated_after),
+        ("updatedAt", "<", request.updated_before),
+    ):
+        if value is not None:
+            parts.append(Compare(name, op, value))  # type: ignore[arg-type]
+    order: tuple[OrderKey, ...] = ()
+    if request.order_by is not None:
+        default_desc = request.order_by != "name"
+        descending = default_desc if request.order is None else request.order == "desc"
+        order = (OrderKey(request.order_by, descending),)
+    elif request.order is not None:
+        raise Invalid("order needs orderBy", code="invalid_order")
+    query = RegistryQuery(
+        entry_type=request.entry_type,
+        service_type=request.service_type,
+        where=conjunction(parts),
+        order=order,
+        limit=request.limit,
+        offset=request.offset,
+        cursor=request.cursor,
+    )
+    check_query(query)
+    return query
+
+
+def parse_discover_request(data: Any) -> RegistryQuery:
+    if not isinstance(data, dict):
+        raise Invalid("the request must be a JSON object", code="invalid_query")
+    return request_to_query(validate_model(DiscoverRequest, data, code="invalid_query"))
+
+
+# --- cursors ------------------------------------------------------------------------------
+
+
+def query_fingerprint(query: RegistryQuery) -> str:
+    """What a cursor is bound to: the query without its paging fields."""
+    shape = (query.entry_type, query.service_type, query.where, query.order)
+    return hashlib.sha256(repr(shape).encode()).hexdigest()[:16]
+
+
+class CursorCodec:
+    def __init__(self, secret: bytes) -> None:
+        self._key = hashlib.sha256(b"registry discover cursor\0" + secret).digest()
+
+    def encode(self, query: RegistryQuery, position: list[Any]) -> str:
+        values = [v.isoformat() if isinstance(v, datetime) else v for v in position]
+        body = json.dumps(
+            {"v": 1, "q": query_fingerprint(query), "k": values}, separators=(",", ":")
+        ).encode()
+        tag = hmac.new(self._key, body, hashlib.sha256).digest()[:16]
+        return base64.urlsafe_b64encode(tag + body).rstrip(b"=").decode("ascii")
+
+    def decode(self, query: RegistryQuery, cursor: str) -> list[Any]:
+        bad = Invalid("cursor is not one this server issued for this query", code="invalid_cursor")
+        try:
+            raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        except (ValueError, TypeError):
+            raise bad from None
+        tag, body = raw[:16], raw[16:]
+        if not hmac.compare_digest(tag, hmac.new(self._key, body, hashlib.sha256).digest()[:16]):
+            raise bad
+        try:
+            data = json.loads(body)
+        except ValueError:
+            raise bad from None
+        if data.get("v") != 1 or data.get("q") != query_fingerprint(query):
+            raise bad
+        position = data.get("k")
+        if not isinstance(position, list):
+            raise bad
+        return position
