@@ -6,7 +6,7 @@ from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from api import auth, entries, ops
+from api import auth, discover, entries, ops
 from api.errors import error_response
 from api.http import Deps, new_request_id
 from registry.errors import Invalid, MethodNotAllowed, NotFound, RegistryError, TooLarge
@@ -25,6 +25,7 @@ def create_app(dependencies: Deps) -> QuartTrio:
     app.deps = dependencies  # type: ignore[attr-defined]
     entries.register(app)
     auth.register(app)
+    discover.register(app)
     ops.register(app)
 
     @app.errorhandler(HTTPException)

@@ -1,0 +1,50 @@
+"""Discovery routes (spec 4.4, design §12): structured requests and RegistryQL."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import StringConstraints
+from quart import Response
+from quart_trio import QuartTrio
+
+from api.http import Ctx, deps, endpoint, json_response
+from registry.discovery import parse_discover_request
+from registry.errors import Invalid
+from registry.models import WireModel, validate_model
+from registry.query import RegistryQuery
+from registry.registryql import parse_registryql
+
+
+class RegistryQLRequest(WireModel):
+    query: str  # length and emptiness are the parser's to report, with positions
+    cursor: Annotated[str, StringConstraints(min_length=1, max_length=2048)] | None = None
+
+
+def register(app: QuartTrio) -> None:
+    @app.post("/v1/discover")
+    @endpoint("query", body_limit="query_body_bytes")
+    async def discover(ctx: Ctx) -> Response:
+        query = parse_discover_request(ctx.json())
+        return json_response(await deps().registry.discover(query))
+
+    @app.post("/v1/discover/registryql")
+    @endpoint("query", body_limit="query_body_bytes")
+    async def discover_registryql(ctx: Ctx) -> Response:
+        data = ctx.json()
+        if not isinstance(data, dict):
+            raise Invalid("the request must be a JSON object", code="invalid_registryql")
+        request = validate_model(RegistryQLRequest, data, code="invalid_registryql")
+        query = parse_registryql(request.query)
+        if request.cursor is not None:
+            if query.offset:
+                raise Invalid("use either OFFSET or cursor, not both", code="invalid_cursor")
+            query = RegistryQuery(
+                entry_type=query.entry_type,
+                service_type=query.service_type,
+                where=query.where,
+                order=query.order,
+                limit=query.limit,
+                cursor=request.cursor,
+            )
+        return json_response(await deps().registry.discover(query))
