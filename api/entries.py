@@ -10,7 +10,7 @@ from quart import Response, request
 from quart_trio import QuartTrio
 
 from api.http import Ctx, deps, dumps, endpoint, json_response
-from api.idempotency import idempotent
+from api.idempotency import idempotent_write
 from registry.errors import Invalid, NotFound
 from registry.service import parse_sequence
 from registry.store import IdemKey
@@ -45,13 +45,14 @@ def register(app: QuartTrio) -> None:
         assert ctx.principal is not None
         principal = ctx.principal
 
-        async def effect(idem: IdemKey) -> tuple[int, str, bool]:
+        async def effect(idem: IdemKey) -> tuple[int, str, int | None]:
             served = await deps().registry.create_entry(principal, data, idem)
-            ctx.extra_headers["ETag"] = _etag(served.sequence)
-            ctx.extra_headers["Location"] = "/v1/entries/" + quote(data["entryDid"], safe=":")
-            return 201, served.doc, True
+            if served.replayed is None:
+                ctx.extra_headers["ETag"] = _etag(served.sequence)
+                ctx.extra_headers["Location"] = "/v1/entries/" + quote(data["entryDid"], safe=":")
+            return 201, served.doc, served.replayed
 
-        return await idempotent(ctx, "create_entry", effect)
+        return await idempotent_write(ctx, "create_entry", effect)
 
     @app.put("/v1/entries/<did>")
     @endpoint("write", auth="required", body_limit="entry_body_bytes")
@@ -60,12 +61,13 @@ def register(app: QuartTrio) -> None:
         assert ctx.principal is not None
         principal = ctx.principal
 
-        async def effect(idem: IdemKey) -> tuple[int, str, bool]:
+        async def effect(idem: IdemKey) -> tuple[int, str, int | None]:
             served = await deps().registry.update_entry(principal, did, data, idem)
-            ctx.extra_headers["ETag"] = _etag(served.sequence)
-            return 200, served.doc, True
+            if served.replayed is None:
+                ctx.extra_headers["ETag"] = _etag(served.sequence)
+            return 200, served.doc, served.replayed
 
-        return await idempotent(ctx, "update_entry", effect)
+        return await idempotent_write(ctx, "update_entry", effect)
 
     @app.delete("/v1/entries/<did>")
     @endpoint("write", auth="required")
@@ -73,11 +75,11 @@ def register(app: QuartTrio) -> None:
         assert ctx.principal is not None
         principal = ctx.principal
 
-        async def effect(idem: IdemKey) -> tuple[int, str, bool]:
+        async def effect(idem: IdemKey) -> tuple[int, str, int | None]:
             served = await deps().registry.delete_entry(principal, did, idem)
-            return 200, served.doc, True
+            return 200, served.doc, served.replayed
 
-        return await idempotent(ctx, "delete_entry", effect)
+        return await idempotent_write(ctx, "delete_entry", effect)
 
     @app.get("/v1/entries/<did>")
     @endpoint("read")

@@ -9,6 +9,7 @@ limit enforced while streaming (413) → strict JSON (400) → the handler.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import re
 import secrets
@@ -70,9 +71,15 @@ def parse_json(body: bytes) -> Any:
     return canonical.parse_strict(body)
 
 
+_ID_PREFIX = secrets.token_hex(4)  # per process: ids are unique across a deployment's nodes
+_ID_COUNTER = itertools.count(1)
+
+
 def new_request_id() -> str:
     supplied = request.headers.get("X-Request-Id", "")
-    return supplied if _REQUEST_ID.match(supplied) else secrets.token_hex(8)
+    if supplied and _REQUEST_ID.match(supplied):
+        return supplied
+    return f"{_ID_PREFIX}{next(_ID_COUNTER):08x}"
 
 
 def client_address(config: Config) -> str:
@@ -179,7 +186,7 @@ def endpoint(
                         except Unauthorized:
                             # Failed attempts spend the client address's bucket: guessing
                             # tokens is throttled like any other traffic.
-                            ctx.decision = await d.limiter.acquire(klass, client_address(d.config))
+                            ctx.decision = d.limiter.acquire(klass, client_address(d.config))
                             if not ctx.decision.allowed:
                                 raise RateLimited(
                                     f"{klass} rate limit exceeded",
@@ -191,7 +198,7 @@ def endpoint(
                     elif auth == "required":
                         raise Unauthorized("a session is required", code="session_missing")
                 client = ctx.principal.did if ctx.principal else client_address(d.config)
-                ctx.decision = await d.limiter.acquire(klass, client)
+                ctx.decision = d.limiter.acquire(klass, client)
                 if not ctx.decision.allowed:
                     raise RateLimited(
                         f"{klass} rate limit exceeded",

@@ -91,6 +91,46 @@ async def idempotent(
     return json_response(body, status)
 
 
+async def idempotent_write(
+    ctx: Ctx,
+    operation: str,
+    effect: Callable[[IdemKey], Awaitable[tuple[int, str, int | None]]],
+) -> Response:
+    """Like `idempotent`, for entry changes whose store write checks and records the key itself
+    in one round trip. `effect` returns (status, body, replayed status or None).
+
+    A concurrent duplicate waits for the first to commit and then receives its replay (it never
+    sees 409 idempotency_in_progress). An error outcome is answered from the key's record when
+    one exists, else recorded (4xx) so that a retry of the same request answers the same.
+    """
+    key = _key_from_header()
+    scope = ctx.principal.did if ctx.principal else "anonymous"
+    idem = IdemKey(scope, operation, key, fingerprint(request.method, request.path, ctx))
+    store = deps().registry.store
+    try:
+        status, body, replayed = await effect(idem)
+    except RegistryError as exc:
+        if exc.status >= 500:
+            raise
+        state = await store.idem_lookup(idem)
+        if state is not None:
+            if state.fingerprint != idem.fingerprint:
+                raise Conflict(
+                    f"this {HEADER} was already used for a different request",
+                    code="idempotency_conflict",
+                ) from None
+            assert state.status is not None
+            assert state.response is not None
+            return json_response(state.response, state.status, Idempotent_Replayed="true")
+        await _finish(
+            idem, exc.status, error_body(exc.code, exc.message, ctx.request_id, exc.details)
+        )
+        raise
+    if replayed is not None:
+        return json_response(body, replayed, Idempotent_Replayed="true")
+    return json_response(body, status)
+
+
 async def _finish(idem: IdemKey, status: int | None, body: str | None) -> None:
     with trio.CancelScope(shield=True), trio.move_on_after(5):
         await deps().registry.store.idem_finish(idem, status, body)

@@ -23,7 +23,7 @@ import trio
 import trio_asyncio
 from hypercorn.config import Config as HyperConfig
 
-from actors.ratelimiter import RateLimiterState, open_rate_limiter_channel, run_rate_limiter
+from actors.ratelimiter import RateLimiter
 from actors.supervisor import supervise
 from api.app import create_app
 from api.http import Deps
@@ -173,8 +173,7 @@ async def serve(
             )
         registry = Registry(store=store, config=config, key=key, identity=identity)
         limits = config.limits
-        limiter, limiter_inbox = open_rate_limiter_channel()
-        limiter_state = RateLimiterState(
+        limiter = RateLimiter(
             {
                 "read": Rate(limits.read_per_minute),
                 "write": Rate(limits.write_per_minute),
@@ -185,7 +184,7 @@ async def serve(
 
         async with trio.open_nursery() as nursery:
             actors: dict[str, Callable[[], Any]] = {
-                "rate-limiter": lambda: run_rate_limiter(limiter_inbox, limiter_state),
+                "rate-limiter": limiter.run,
                 "log-follower": lambda: follow_log(store, registry.cache, registry.sessions),
                 "janitor": lambda: run_janitor(store),
             }

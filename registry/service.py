@@ -67,10 +67,15 @@ class Principal:
 
 @dataclass(frozen=True)
 class Served:
-    """A served entry version: its sequence and exact JSON text."""
+    """A served entry version: its sequence and exact JSON text.
+
+    `replayed` is the recorded HTTP status when the request's Idempotency-Key had already
+    completed: then `doc` is the recorded response and nothing was written.
+    """
 
     sequence: int
     doc: str
+    replayed: int | None = None
 
 
 K = TypeVar("K")
@@ -212,9 +217,7 @@ class Registry:
             suffix="}",
             status=200,
         )
-        seq, doc = await self.store.write_entry(write, idem)
-        self.cache.invalidate(did)
-        return Served(seq, doc)
+        return self._served(did, *await self.store.write_entry(write, idem))
 
     async def get_entry(self, did: str) -> Served:
         cached = self.cache.get(did)
@@ -297,8 +300,13 @@ class Registry:
             suffix=form.suffix,
             status=status,
         )
-        seq, doc = await self.store.write_entry(write, idem)
-        self.cache.invalidate(entry.did)
+        return self._served(entry.did, *await self.store.write_entry(write, idem))
+
+    def _served(self, did: str, seq: int | None, doc: str, replayed: int | None) -> Served:
+        if seq is None:
+            assert replayed is not None
+            return Served(0, doc, replayed)
+        self.cache.invalidate(did)
         return Served(seq, doc)
 
     # --- discovery ----------------------------------------------------------------------

@@ -21,7 +21,7 @@ import pytest
 import trio
 import trio_asyncio
 
-from actors.ratelimiter import RateLimiterState, open_rate_limiter_channel, run_rate_limiter
+from actors.ratelimiter import RateLimiter
 from api.app import create_app
 from api.http import Deps
 from api.server import follow_log
@@ -116,8 +116,7 @@ async def open_harness(
             identity=identity or DidKeyIdentity(),
         )
         limits = config.limits
-        limiter, inbox = open_rate_limiter_channel()
-        state = RateLimiterState(
+        limiter = RateLimiter(
             {
                 "read": Rate(limits.read_per_minute),
                 "write": Rate(limits.write_per_minute),
@@ -126,7 +125,7 @@ async def open_harness(
         )
         app = create_app(Deps(registry=registry, limiter=limiter, config=config))
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(run_rate_limiter, inbox, state)
+            nursery.start_soon(limiter.run)
             await nursery.start(follow_log, store, registry.cache, registry.sessions)
             async with app.test_app() as test_app:
                 yield Harness(registry, test_app.test_client(), config)

@@ -43,9 +43,18 @@ _CONFLICT_MESSAGES = {
 }
 
 
+class _Retry(Exception):
+    """entry_write found a concurrent duplicate after taking the log head; call again."""
+
+
+QUERY_TIMEOUT_SECONDS = 30.0
+
+
 def _translate(exc: BaseException) -> BaseException:
     if isinstance(exc, asyncpg.PostgresError):
         state = getattr(exc, "sqlstate", "")
+        if state == "RG425":
+            return _Retry()
         code = str(getattr(exc, "message", "")) or "conflict"
         if state == "RG409":
             return Conflict(_CONFLICT_MESSAGES.get(code, code), code=code)
@@ -68,8 +77,15 @@ def _seam(fn: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, Coroutine[Any,
     bridged = trio_asyncio.aio_as_trio(fn)
 
     async def call(*args: P.args, **kwargs: P.kwargs) -> T:
+        # One Trio deadline per call: asyncpg's own command_timeout would arm a Trio deadline
+        # for every asyncio callback inside trio-asyncio (measured: ~60 µs a query).
         try:
-            return await bridged(*args, **kwargs)  # type: ignore[no-any-return]
+            with trio.fail_after(QUERY_TIMEOUT_SECONDS):
+                return await bridged(*args, **kwargs)  # type: ignore[no-any-return]
+        except trio.TooSlowError:
+            raise Unavailable(
+                "the database did not answer in time", code="database_timeout"
+            ) from None
         except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError) as exc:
             translated = _translate(exc)
             if translated is exc:
@@ -131,10 +147,23 @@ class PgStore:
 
     # --- entries --------------------------------------------------------------------------
 
+    async def write_entry(
+        self, write: EntryWrite, idem: IdemKey | None
+    ) -> tuple[int | None, str, int | None]:
+        """(sequence, served JSON, None) for a new change; (None, stored response, status) when
+        `idem` already completed. One round trip on both paths."""
+        try:
+            return await self._write_entry(write, idem)
+        except _Retry:  # a duplicate committed while we waited for the log head: replay it
+            return await self._write_entry(write, idem)
+
     @_seam
-    async def write_entry(self, write: EntryWrite, idem: IdemKey | None) -> tuple[int, str]:
+    async def _write_entry(
+        self, write: EntryWrite, idem: IdemKey | None
+    ) -> tuple[int | None, str, int | None]:
         row = await self._pool.fetchrow(
-            "SELECT seq, doc FROM entry_write($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13)",
+            "SELECT seq, doc, replay_status FROM entry_write("
+            "$1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13)",
             write.kind,
             write.entry_did,
             write.expected_head,
@@ -150,7 +179,22 @@ class PgStore:
             write.status,
         )
         assert row is not None
-        return int(row["seq"]), str(row["doc"])
+        seq = row["seq"]
+        return (None if seq is None else int(seq)), str(row["doc"]), row["replay_status"]
+
+    @_seam
+    async def idem_lookup(self, key: IdemKey) -> IdemState | None:
+        """The completed outcome recorded under `key`, if any (within its 24 h retention)."""
+        row = await self._pool.fetchrow(
+            "SELECT fingerprint, status, response FROM idempotency WHERE scope = $1"
+            " AND operation = $2 AND key = $3 AND created_at > now() - interval '24 hours'",
+            key.scope,
+            key.operation,
+            key.key,
+        )
+        if row is None:
+            return None
+        return IdemState("done", bytes(row["fingerprint"]), row["status"], row["response"])
 
     @_seam
     async def get_entry_head(self, entry_did: str) -> EntryHead | None:
@@ -396,7 +440,6 @@ async def open_pg_store(
             max_size=max_size,
             init=_init_connection,
             reset=_no_reset,
-            command_timeout=30,
             server_settings={"application_name": "registry"},
         )
 

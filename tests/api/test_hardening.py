@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import trio
 import trio_asyncio
 from quart.testing import QuartClient
 
@@ -92,3 +93,25 @@ async def test_janitor_purges_only_what_expired(database_url: str) -> None:
 def test_default_page_size_above_max_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="default_page_size"):
         make_config("", Path("."), limits={"default_page_size": 200, "max_page_size": 100})
+
+
+async def test_concurrent_duplicates_create_once_and_the_other_replays(harness: Harness) -> None:
+    key = SigningKey.generate()
+    token = await sign_in(harness.client, key)
+    entry = signed_entry(key)
+    headers = bearer(token, **idem())
+    responses = []
+
+    async def post() -> None:
+        responses.append(await harness.client.post("/v1/entries", json=entry, headers=headers))
+
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            for _ in range(4):
+                nursery.start_soon(post)
+    assert [r.status_code for r in responses] == [201] * 4
+    bodies = [await r.get_json() for r in responses]
+    assert all(b == bodies[0] for b in bodies)
+    assert sum("Idempotent-Replayed" not in r.headers for r in responses) == 1
+    r = await harness.client.get(f"/v1/entries/{entry['entryDid']}/versions")
+    assert (await r.get_json())["totalCount"] == 1

@@ -49,7 +49,7 @@ async def test_concurrent_writers_readers_see_every_sequence_once_in_order(
 
         async def writer(w: int) -> None:
             for i in range(WRITES_EACH):
-                seq, _ = await store.write_entry(
+                seq, _, _ = await store.write_entry(
                     _write(f"did:web:seq.test:{secrets.token_hex(6)}", i), None
                 )
                 acknowledged.append(seq)
@@ -83,9 +83,9 @@ async def test_concurrent_writers_readers_see_every_sequence_once_in_order(
 async def test_failed_write_leaves_no_gap(database_url: str) -> None:
     async with trio_asyncio.open_loop(), open_pg_store(database_url) as store:
         did = f"did:web:seq.test:{secrets.token_hex(6)}"
-        first, _ = await store.write_entry(_write(did, 0), None)
+        first, _, _ = await store.write_entry(_write(did, 0), None)
         with pytest.raises(Conflict) as raised:  # the DID exists: raises, rolls back
             await store.write_entry(_write(did, 1), None)
         assert raised.value.code == "entry_exists"
-        second, _ = await store.write_entry(_write(f"{did}x", 2), None)
+        second, _, _ = await store.write_entry(_write(f"{did}x", 2), None)
         assert second == first + 1
