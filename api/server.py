@@ -25,6 +25,7 @@ from hypercorn.config import Config as HyperConfig
 
 from actors.ratelimiter import RateLimiter
 from actors.supervisor import supervise
+from actors.writer import EntryWriter
 from api.app import create_app
 from api.http import Deps
 from api.identity import HttpIdentityResolver
@@ -171,7 +172,10 @@ async def serve(
             identity = await stack.enter_async_context(
                 HttpIdentityResolver.open(config.auth.identity_resolver_url)
             )
-        registry = Registry(store=store, config=config, key=key, identity=identity)
+        writer = EntryWriter(store)
+        registry = Registry(
+            store=store, config=config, key=key, identity=identity, write_entry=writer.write
+        )
         limits = config.limits
         limiter = RateLimiter(
             {
@@ -185,6 +189,7 @@ async def serve(
         async with trio.open_nursery() as nursery:
             actors: dict[str, Callable[[], Any]] = {
                 "rate-limiter": limiter.run,
+                "entry-writer": writer.run,
                 "log-follower": lambda: follow_log(store, registry.cache, registry.sessions),
                 "janitor": lambda: run_janitor(store),
             }

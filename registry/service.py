@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Generic, TypeVar
@@ -33,6 +33,8 @@ from registry.signin import (
 )
 from registry.store import EntryHead, EntryWrite, IdemKey, SessionRecord, Store
 from registry.store.discover import compile_discover
+
+WriteEntry = Callable[[EntryWrite, IdemKey | None], Awaitable[tuple[int | None, str, int | None]]]
 
 
 def rfc3339(ms: int) -> str:
@@ -131,8 +133,11 @@ class Registry:
         key: SigningKey,
         identity: IdentityResolver,
         clock_ms: Callable[[], int] = now_ms,
+        write_entry: WriteEntry | None = None,
     ) -> None:
         self.store = store
+        # Entry changes go through the group-commit writer when one runs (actors.writer).
+        self.write_entry: WriteEntry = write_entry or store.write_entry
         self.config = config
         self.key = key
         self.identity = identity
@@ -217,7 +222,7 @@ class Registry:
             suffix="}",
             status=200,
         )
-        return self._served(did, *await self.store.write_entry(write, idem))
+        return self._served(did, *await self.write_entry(write, idem))
 
     async def get_entry(self, did: str) -> Served:
         cached = self.cache.get(did)
@@ -300,7 +305,7 @@ class Registry:
             suffix=form.suffix,
             status=status,
         )
-        return self._served(entry.did, *await self.store.write_entry(write, idem))
+        return self._served(entry.did, *await self.write_entry(write, idem))
 
     def _served(self, did: str, seq: int | None, doc: str, replayed: int | None) -> Served:
         if seq is None:

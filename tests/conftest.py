@@ -22,6 +22,7 @@ import trio
 import trio_asyncio
 
 from actors.ratelimiter import RateLimiter
+from actors.writer import EntryWriter
 from api.app import create_app
 from api.http import Deps
 from api.server import follow_log
@@ -109,11 +110,13 @@ async def open_harness(
     config: Config, identity: IdentityResolver | None = None
 ) -> AsyncIterator[Harness]:
     async with trio_asyncio.open_loop(), open_pg_store(config.database.url) as store:
+        writer = EntryWriter(store)
         registry = Registry(
             store=store,
             config=config,
             key=SigningKey.generate(),
             identity=identity or DidKeyIdentity(),
+            write_entry=writer.write,
         )
         limits = config.limits
         limiter = RateLimiter(
@@ -126,6 +129,7 @@ async def open_harness(
         app = create_app(Deps(registry=registry, limiter=limiter, config=config))
         async with trio.open_nursery() as nursery:
             nursery.start_soon(limiter.run)
+            nursery.start_soon(writer.run)
             await nursery.start(follow_log, store, registry.cache, registry.sessions)
             async with app.test_app() as test_app:
                 yield Harness(registry, test_app.test_client(), config)

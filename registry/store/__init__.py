@@ -74,6 +74,16 @@ class EntryWrite:
     status: int  # HTTP status recorded for an idempotent replay
 
 
+@dataclass(frozen=True)
+class WriteOutcome:
+    """What became of one item of a write batch: written, replayed, or refused (`error`)."""
+
+    seq: int | None
+    doc: str
+    replay_status: int | None
+    error: str | None
+
+
 class Store(Protocol):
     async def ping(self) -> None: ...
     async def schema_version(self) -> int: ...
@@ -85,6 +95,9 @@ class Store(Protocol):
         self, write: EntryWrite, idem: IdemKey | None
     ) -> tuple[int | None, str, int | None]: ...
     async def idem_lookup(self, key: IdemKey) -> IdemState | None: ...
+    async def write_entries(
+        self, items: list[tuple[EntryWrite, IdemKey | None]]
+    ) -> list[WriteOutcome]: ...
     async def get_entry_head(self, entry_did: str) -> EntryHead | None: ...
     async def list_versions(
         self, entry_did: str, before_seq: int | None, limit: int

@@ -29,6 +29,7 @@ from registry.store import (
     IdemState,
     LogRecord,
     SessionRecord,
+    WriteOutcome,
 )
 from registry.store.discover import Plan
 
@@ -181,6 +182,47 @@ class PgStore:
         assert row is not None
         seq = row["seq"]
         return (None if seq is None else int(seq)), str(row["doc"]), row["replay_status"]
+
+    @_seam
+    async def write_entries(
+        self, items: list[tuple[EntryWrite, IdemKey | None]]
+    ) -> list[WriteOutcome]:
+        """Apply `items` in order in one statement and transaction (group commit).
+
+        Each outcome is the item's (sequence, served JSON), its replay, or its domain error;
+        a failed item writes nothing and takes no sequence number."""
+        columns: list[list[Any]] = [[] for _ in range(13)]
+        for write, idem in items:
+            values = (
+                write.kind,
+                write.entry_did,
+                write.expected_head,
+                write.publisher_did,
+                write.entry_type,
+                write.lifecycle,
+                write.prefix,
+                write.suffix,
+                idem.scope if idem else None,
+                idem.operation if idem else None,
+                idem.key if idem else None,
+                idem.fingerprint if idem else None,
+                write.status,
+            )
+            for column, value in zip(columns, values, strict=True):
+                column.append(value)
+        rows = await self._pool.fetch(
+            "SELECT idx, seq, doc, replay_status, error FROM entry_write_batch("
+            "$1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::text[],"
+            " $7::text[], $8::text[], $9::text[], $10::text[], $11::text[], $12::bytea[],"
+            " $13::integer[])",
+            *columns,
+        )
+        outcomes: list[WriteOutcome] = [WriteOutcome(None, "", None, "missing")] * len(items)
+        for row in rows:
+            outcomes[row["idx"] - 1] = WriteOutcome(
+                row["seq"], row["doc"] or "", row["replay_status"], row["error"]
+            )
+        return outcomes
 
     @_seam
     async def idem_lookup(self, key: IdemKey) -> IdemState | None:
