@@ -2,23 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from pydantic import StringConstraints
 from quart import Response
 from quart_trio import QuartTrio
 
 from api.http import Ctx, deps, endpoint, json_response
-from registry.discovery import parse_discover_request
+from registry.discovery import RegistryQLRequest, parse_discover_request
 from registry.errors import Invalid
-from registry.models import WireModel, validate_model
+from registry.models import validate_model
 from registry.query import RegistryQuery
 from registry.registryql import parse_registryql
-
-
-class RegistryQLRequest(WireModel):
-    query: str  # length and emptiness are the parser's to report, with positions
-    cursor: Annotated[str, StringConstraints(min_length=1, max_length=2048)] | None = None
 
 
 def register(app: QuartTrio) -> None:

@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from registry.discovery import DiscoverRequest, RegistryQLRequest
 from registry.models import (
     Challenge,
     ChallengeRequest,
@@ -17,6 +18,8 @@ from registry.models import (
 )
 
 _MODELS: list[type[BaseModel]] = [
+    DiscoverRequest,
+    RegistryQLRequest,
     RegistryEntry,
     ErrorResponse,
     ChallengeRequest,
@@ -33,6 +36,16 @@ _HAND_SCHEMAS: dict[str, Any] = {
             "entryDid": {"type": "string"},
             "versions": {"type": "array", "items": {"$ref": "#/components/schemas/RegistryEntry"}},
             "cursor": {"type": "string", "pattern": "^[1-9][0-9]*$"},
+            "hasMore": {"type": "boolean"},
+            "totalCount": {"type": "integer"},
+        },
+    },
+    "QueryResult": {
+        "type": "object",
+        "required": ["entries", "hasMore", "totalCount"],
+        "properties": {
+            "entries": {"type": "array", "items": {"$ref": "#/components/schemas/RegistryEntry"}},
+            "cursor": {"type": "string", "description": "opaque; absent on the last page"},
             "hasMore": {"type": "boolean"},
             "totalCount": {"type": "integer"},
         },
@@ -232,6 +245,30 @@ def openapi_document() -> dict[str, Any]:
                         "schema": {"type": "integer", "minimum": 1},
                     },
                 ],
+            )
+        },
+        "/v1/discover": {
+            "post": _op(
+                "discover",
+                "Discover entries by a structured request ({} lists everything)",
+                {
+                    "200": _ok("QueryResult"),
+                    "400": _error("invalid request or cursor"),
+                    "413": _error("body exceeds 64 KiB"),
+                },
+                requestBody=_body("DiscoverRequest"),
+            )
+        },
+        "/v1/discover/registryql": {
+            "post": _op(
+                "discover_registryql",
+                "Discover entries by a RegistryQL expression",
+                {
+                    "200": _ok("QueryResult"),
+                    "400": _error("invalid expression (details: line, column, expected)"),
+                    "413": _error("body exceeds 64 KiB"),
+                },
+                requestBody=_body("RegistryQLRequest"),
             )
         },
         "/v1/auth/siws/challenge": {

@@ -78,6 +78,13 @@ class DiscoverRequest(WireModel):
     offset: Annotated[int, Field(ge=0, le=MAX_OFFSET)] | None = None
 
 
+class RegistryQLRequest(WireModel):
+    """`POST /v1/discover/registryql`: an expression, and the cursor of a previous page."""
+
+    query: str  # its length and emptiness are the parser's to report, with positions
+    cursor: Annotated[str, StringConstraints(min_length=1, max_length=2048)] | None = None
+
+
 def request_to_query(request: DiscoverRequest) -> RegistryQuery:
     parts: list[Expr] = []
     if request.text is not None:

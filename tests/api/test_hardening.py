@@ -115,3 +115,15 @@ async def test_concurrent_duplicates_create_once_and_the_other_replays(harness: 
     assert sum("Idempotent-Replayed" not in r.headers for r in responses) == 1
     r = await harness.client.get(f"/v1/entries/{entry['entryDid']}/versions")
     assert (await r.get_json())["totalCount"] == 1
+
+
+async def test_openapi_lists_discovery_operations_with_their_schemas(harness: Harness) -> None:
+    document = await (await harness.client.get("/v1/openapi.json")).get_json()
+    operations = {
+        op["operationId"] for path in document["paths"].values() for op in path.values()
+    }
+    assert {"discover", "discover_registryql"} <= operations
+    schemas = document["components"]["schemas"]
+    assert "entryType" in schemas["DiscoverRequest"]["properties"]
+    assert schemas["DiscoverRequest"]["additionalProperties"] is False
+    assert "query" in schemas["RegistryQLRequest"]["properties"]
