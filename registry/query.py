@@ -210,7 +210,8 @@ def conjunction(parts: list[Expr]) -> Expr | None:
 
 def effective_order(query: RegistryQuery) -> tuple[OrderKey, ...]:
     """The ordering actually applied: the query's, else relevance for text queries, else newest
-    change first. `entryDid` ascending always breaks ties (added by the compiler)."""
+    change first. The compiler breaks ties by `entryDid` (byte order) in the direction of the
+    last key; `sequence` is unique and needs no tie-break."""
     if query.order:
         return query.order
     if match_texts(query.where):

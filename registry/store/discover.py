@@ -208,8 +208,13 @@ def compile_discover(query: RegistryQuery, *, limit: int, after: list[Any] | Non
     where = _filters(query, p)
     for key in order:
         if key.field == "relevance":
-            text = " ".join(match_texts(query.where))
-            expr = f"ts_rank_cd(search, websearch_to_tsquery('{_TS_CONFIG}', {p.bind(text)}))"
+            # Ranked by any of the MATCH texts (OR of their queries), so `MATCH 'a' OR MATCH 'b'`
+            # ranks an entry that matches either.
+            ranked = " || ".join(
+                f"websearch_to_tsquery('{_TS_CONFIG}', {p.bind(text)})"
+                for text in match_texts(query.where)
+            )
+            expr = f"ts_rank_cd(search, ({ranked}))"
         else:
             expr = _ORDER_SQL[key.field]
         keys.append((expr, key.descending))
@@ -217,7 +222,7 @@ def compile_discover(query: RegistryQuery, *, limit: int, after: list[Any] | Non
             break  # unique: nothing after it can matter
     tiebreak = keys[-1][0] != "head_seq"
     if tiebreak:
-        keys.append(("entry_did", keys[-1][1]))
+        keys.append(('entry_did COLLATE "C"', keys[-1][1]))
     if after is not None:
         if len(after) != len(keys):
             raise Invalid("cursor does not belong to this query", code="invalid_cursor")

@@ -284,7 +284,10 @@ class PgStore:
     @_seam
     async def discover(self, plan: Plan) -> tuple[list[tuple[str, list[Any]]], int]:
         """One page (doc, sort values) and the total count of a compiled query."""
-        async with self._pool.acquire() as conn:
+        async with (
+            self._pool.acquire() as conn,
+            conn.transaction(isolation="repeatable_read", readonly=True),
+        ):  # one snapshot: totalCount agrees with the page
             rows = await conn.fetch(plan.page_sql, *plan.page_params)
             total = await conn.fetchval(plan.count_sql, *plan.count_params)
         keys = [name for name in (rows[0].keys() if rows else ()) if name.startswith("k")]

@@ -119,9 +119,7 @@ async def test_concurrent_duplicates_create_once_and_the_other_replays(harness: 
 
 async def test_openapi_lists_discovery_operations_with_their_schemas(harness: Harness) -> None:
     document = await (await harness.client.get("/v1/openapi.json")).get_json()
-    operations = {
-        op["operationId"] for path in document["paths"].values() for op in path.values()
-    }
+    operations = {op["operationId"] for path in document["paths"].values() for op in path.values()}
     assert {"discover", "discover_registryql"} <= operations
     schemas = document["components"]["schemas"]
     assert "entryType" in schemas["DiscoverRequest"]["properties"]
