@@ -21,24 +21,13 @@ from dataclasses import dataclass, field
 
 import trio
 
-from registry.errors import Conflict, NotFound, RegistryError, Unavailable
+from registry.errors import RegistryError, Unavailable
 from registry.store import EntryWrite, IdemKey, Store, WriteOutcome
 
 log = logging.getLogger(__name__)
 
 # Handlers enqueue without a rendezvous; the bound applies backpressure beyond it.
 BUFFER = 1024
-
-_ERRORS: dict[str, RegistryError] = {
-    "entry_exists": Conflict("an entry with this DID exists or existed", code="entry_exists"),
-    "entry_not_found": NotFound("entry not found", code="entry_not_found"),
-    "sequence_conflict": Conflict(
-        "the entry changed since the version this request is based on", code="sequence_conflict"
-    ),
-    "idempotency_conflict": Conflict(
-        "this Idempotency-Key was already used for another request", code="idempotency_conflict"
-    ),
-}
 
 
 @dataclass
@@ -68,14 +57,8 @@ class EntryWriter:
         await pending.done.wait()
         if pending.error is not None:
             raise pending.error
-        outcome = pending.outcome
-        assert outcome is not None
-        if outcome.error is not None:
-            known = _ERRORS.get(outcome.error)
-            if known is None:
-                raise Unavailable(f"write refused: {outcome.error}", code="write_failed")
-            raise type(known)(known.message, code=known.code)
-        return outcome.seq, outcome.doc, outcome.replay_status
+        assert pending.outcome is not None
+        return pending.outcome.result()
 
     async def run(self) -> None:
         """The actor's task: write batches until cancelled."""

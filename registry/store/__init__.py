@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from registry.errors import Conflict, NotFound, RegistryError, Unavailable
+
 if TYPE_CHECKING:
     from registry.store.discover import Plan
 
@@ -74,6 +76,14 @@ class EntryWrite:
     status: int  # HTTP status recorded for an idempotent replay
 
 
+_REFUSALS: dict[str, tuple[type[RegistryError], str]] = {
+    "entry_exists": (Conflict, "an entry with this DID exists or existed"),
+    "entry_not_found": (NotFound, "entry not found"),
+    "sequence_conflict": (Conflict, "the entry changed since the version this request is based on"),
+    "idempotency_conflict": (Conflict, "this Idempotency-Key was already used for another request"),
+}
+
+
 @dataclass(frozen=True)
 class WriteOutcome:
     """What became of one item of a write batch: written, replayed, or refused (`error`)."""
@@ -82,6 +92,14 @@ class WriteOutcome:
     doc: str
     replay_status: int | None
     error: str | None
+
+    def result(self) -> tuple[int | None, str, int | None]:
+        """(seq, doc, None) when written, (None, response, status) when replayed; a refusal
+        raises its domain error."""
+        if self.error is not None:
+            kind, message = _REFUSALS.get(self.error, (Unavailable, "the write was refused"))
+            raise kind(message, code=self.error)
+        return self.seq, self.doc, self.replay_status
 
 
 class Store(Protocol):

@@ -4,9 +4,9 @@ Each public method is one asyncio coroutine run with `aio_as_trio`, so a use-cas
 Trio/asyncio seam once per store call, and every write is a single statement (a plpgsql function)
 that commits on its own: one round trip, one transaction, nothing half-applied.
 
-Foreign exceptions are translated here: the functions raise SQLSTATE `RG409`/`RG404` with the
-error code as message, which become `Conflict`/`NotFound`; a lost connection becomes
-`Unavailable`.
+Entry changes go through `entry_write_batch`, which reports each item's domain refusal as data
+(`WriteOutcome`), never as an SQL error. Driver failures are translated here: a lost connection
+or a query past its deadline becomes `Unavailable`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import asyncpg
 import trio
 import trio_asyncio
 
-from registry.errors import Conflict, NotFound, Unavailable
+from registry.errors import Unavailable
 from registry.store import (
     EntryHead,
     EntryWrite,
@@ -37,30 +37,10 @@ log = logging.getLogger(__name__)
 P = ParamSpec("P")
 T = TypeVar("T")
 
-_CONFLICT_MESSAGES = {
-    "entry_exists": "an entry with this DID exists or existed",
-    "sequence_conflict": "the entry changed since the version this request is based on",
-    "idempotency_conflict": "this Idempotency-Key was already used for another request",
-}
-
-
-class _Retry(Exception):
-    """entry_write found a concurrent duplicate after taking the log head; call again."""
-
-
 QUERY_TIMEOUT_SECONDS = 30.0
 
 
 def _translate(exc: BaseException) -> BaseException:
-    if isinstance(exc, asyncpg.PostgresError):
-        state = getattr(exc, "sqlstate", "")
-        if state == "RG425":
-            return _Retry()
-        code = str(getattr(exc, "message", "")) or "conflict"
-        if state == "RG409":
-            return Conflict(_CONFLICT_MESSAGES.get(code, code), code=code)
-        if state == "RG404":
-            return NotFound("entry not found", code="entry_not_found")
     if isinstance(
         exc,
         asyncpg.exceptions.ConnectionDoesNotExistError
@@ -151,37 +131,10 @@ class PgStore:
     async def write_entry(
         self, write: EntryWrite, idem: IdemKey | None
     ) -> tuple[int | None, str, int | None]:
-        """(sequence, served JSON, None) for a new change; (None, stored response, status) when
-        `idem` already completed. One round trip on both paths."""
-        try:
-            return await self._write_entry(write, idem)
-        except _Retry:  # a duplicate committed while we waited for the log head: replay it
-            return await self._write_entry(write, idem)
-
-    @_seam
-    async def _write_entry(
-        self, write: EntryWrite, idem: IdemKey | None
-    ) -> tuple[int | None, str, int | None]:
-        row = await self._pool.fetchrow(
-            "SELECT seq, doc, replay_status FROM entry_write("
-            "$1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13)",
-            write.kind,
-            write.entry_did,
-            write.expected_head,
-            write.publisher_did,
-            write.entry_type,
-            write.lifecycle,
-            write.prefix,
-            write.suffix,
-            idem.scope if idem else None,
-            idem.operation if idem else None,
-            idem.key if idem else None,
-            idem.fingerprint if idem else None,
-            write.status,
-        )
-        assert row is not None
-        seq = row["seq"]
-        return (None if seq is None else int(seq)), str(row["doc"]), row["replay_status"]
+        """(sequence, served JSON, None) for a new change; (None, recorded response, status)
+        when `idem` already completed. A batch of one."""
+        (outcome,) = await self.write_entries([(write, idem)])
+        return outcome.result()
 
     @_seam
     async def write_entries(
