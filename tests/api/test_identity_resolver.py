@@ -1,0 +1,60 @@
+"""The HTTP identity resolver: `GET <url>?did=<signer>` → {rootDid, rootKind, hmrDid}; anything
+else is an upstream failure (502 at sign-in), never our own error."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from api.identity import HttpIdentityResolver
+from registry.errors import UpstreamFailed
+from registry.identity import Identity
+
+SIGNER = "did:key:z6MkhaXgBZDvotDkL5257faiztiGiC2QtKLGpbnnEGta2doK"
+
+
+def _resolver(handler: httpx.MockTransport) -> HttpIdentityResolver:
+    return HttpIdentityResolver("https://idp.example/lookup", httpx.AsyncClient(transport=handler))
+
+
+async def test_resolves_and_asks_for_the_signer() -> None:
+    asked: list[httpx.URL] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        asked.append(request.url)
+        return httpx.Response(
+            200, json={"rootDid": "did:web:org.example", "rootKind": "org", "hmrDid": SIGNER}
+        )
+
+    identity = await _resolver(httpx.MockTransport(answer)).resolve(SIGNER)
+    assert identity == Identity("did:web:org.example", "org", SIGNER)
+    assert asked[0].params["did"] == SIGNER
+
+
+@pytest.mark.parametrize(
+    "response",
+    [
+        httpx.Response(500, json={"error": "boom"}),
+        httpx.Response(404),
+        httpx.Response(200, text="not json"),
+        httpx.Response(200, json={"rootDid": "did:web:x"}),  # no rootKind
+        httpx.Response(200, json={"rootDid": None, "rootKind": "org"}),
+        httpx.Response(200, json={"rootDid": "not a did", "rootKind": "org"}),
+        httpx.Response(200, json=["rootDid"]),
+    ],
+    ids=["500", "404", "not-json", "missing-kind", "null-root", "non-did", "array"],
+)
+async def test_bad_answers_are_upstream_failures(response: httpx.Response) -> None:
+    resolver = _resolver(httpx.MockTransport(lambda request: response))
+    with pytest.raises(UpstreamFailed) as raised:
+        await resolver.resolve(SIGNER)
+    assert raised.value.status == 502
+    assert raised.value.code == "identity_lookup_failed"
+
+
+async def test_transport_failure_is_an_upstream_failure() -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=request)
+
+    with pytest.raises(UpstreamFailed):
+        await _resolver(httpx.MockTransport(refuse)).resolve(SIGNER)
