@@ -32,7 +32,7 @@ from registry.signin import (
     signer_public_key_text,
 )
 from registry.store import EntryHead, EntryWrite, IdemKey, SessionRecord, Store
-from registry.store.discover import compile_discover
+from registry.store.discover import COUNT_CAP, compile_discover
 
 WriteEntry = Callable[[EntryWrite, IdemKey | None], Awaitable[tuple[int | None, str, int | None]]]
 
@@ -327,7 +327,11 @@ class Registry:
         body = '{"entries":[' + ",".join(doc for doc, _ in rows) + "]"
         if has_more:
             body += ',"cursor":' + _json_str(self.cursors.encode(query, rows[-1][1]))
-        return body + f',"hasMore":{"true" if has_more else "false"},"totalCount":{total}}}'
+        body += f',"hasMore":{"true" if has_more else "false"}'
+        body += f',"totalCount":{min(total, COUNT_CAP)}'
+        if total > COUNT_CAP:  # counted up to the cap: "at least COUNT_CAP"
+            body += ',"totalCountExact":false'
+        return body + "}"
 
     # --- sign-in and sessions -----------------------------------------------------------
 

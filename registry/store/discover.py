@@ -13,6 +13,7 @@ ordering that reaches it needs no tie-breaker.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -172,9 +173,17 @@ def _contains(expr: Contains, p: _Params) -> str:
     return f"{column} LIKE {p.bind(_like_pattern(value))}"
 
 
+COUNT_CAP = 1000  # totalCount is exact up to this many matches
+
+
 @dataclass(frozen=True)
 class Plan:
-    """The statements of one page: rows (`doc`, `entry_did`, sort keys k0…) and the count."""
+    """One page of a query: `sql` answers rows of (`total`, `doc`, sort keys k0…) in one
+    statement, hence one snapshot; `page_sql` and `count_sql` are its two parts (for EXPLAIN).
+
+    `total` counts matches up to `COUNT_CAP + 1`: exact when at most COUNT_CAP, else "more".
+    A page past the last result is one row with `doc` NULL, so the count is never lost.
+    """
 
     page_sql: str
     page_params: list[Any]
@@ -182,6 +191,20 @@ class Plan:
     count_params: list[Any]
     order: tuple[OrderKey, ...]
     tiebreak: bool  # whether entry_did is a sort key after `order`
+
+    @property
+    def sql(self) -> str:
+        shift = len(self.page_params)
+        count = re.sub(r"\$(\d+)", lambda m: f"${int(m.group(1)) + shift}", self.count_sql)
+        keys = re.findall(r"\bk\d+ (?:ASC|DESC)", self.page_sql.rsplit("ORDER BY", 1)[1])
+        return (
+            f"SELECT t.total, p.* FROM ({count}) AS t LEFT JOIN LATERAL ({self.page_sql}) AS p"
+            f" ON true ORDER BY {', '.join('p.' + k for k in keys)}"
+        )
+
+    @property
+    def params(self) -> list[Any]:
+        return [*self.page_params, *self.count_params]
 
 
 def _filters(query: RegistryQuery, p: _Params) -> list[str]:
@@ -235,7 +258,11 @@ def compile_discover(query: RegistryQuery, *, limit: int, after: list[Any] | Non
     )
     if query.offset and after is None:
         page_sql += f" OFFSET {p.bind(query.offset)}"
-    count_sql = f"SELECT count(*) FROM entries WHERE {' AND '.join(count_where)}"
+    capped = count_params.bind(COUNT_CAP + 1)
+    count_sql = (
+        f"SELECT count(*) AS total FROM (SELECT 1 FROM entries"
+        f" WHERE {' AND '.join(count_where)} LIMIT {capped}) AS matches"
+    )
     return Plan(page_sql, p.values, count_sql, count_params.values, order, tiebreak)
 
 

@@ -236,15 +236,11 @@ class PgStore:
 
     @_seam
     async def discover(self, plan: Plan) -> tuple[list[tuple[str, list[Any]]], int]:
-        """One page (doc, sort values) and the total count of a compiled query."""
-        async with (
-            self._pool.acquire() as conn,
-            conn.transaction(isolation="repeatable_read", readonly=True),
-        ):  # one snapshot: totalCount agrees with the page
-            rows = await conn.fetch(plan.page_sql, *plan.page_params)
-            total = await conn.fetchval(plan.count_sql, *plan.count_params)
-        keys = [name for name in (rows[0].keys() if rows else ()) if name.startswith("k")]
-        return [(r["doc"], [r[k] for k in keys]) for r in rows], int(total)
+        """One page (doc, sort values) and the (capped) count: one statement, one snapshot."""
+        rows = await self._pool.fetch(plan.sql, *plan.params)
+        keys = [n for n in rows[0].keys() if n.startswith("k")]  # noqa: SIM118 (a Record iterates values)
+        page = [(r["doc"], [r[k] for k in keys]) for r in rows if r["doc"] is not None]
+        return page, int(rows[0]["total"])
 
     # --- sign-in --------------------------------------------------------------------------
 

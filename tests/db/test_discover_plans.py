@@ -10,6 +10,7 @@ import asyncio
 import json
 import secrets
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -119,3 +120,35 @@ def test_first_page_of_everything_reads_an_index_in_order(seeded_url: str, order
     plan = compile_discover(query, limit=20, after=None)
     scans = asyncio.run(_explain(seeded_url, plan.page_sql, plan.page_params))
     assert ("Seq Scan", "entries") not in scans, f"{order}: {scans}"
+
+
+async def test_total_count_is_exact_up_to_the_cap_then_flagged(
+    seeded_url: str, tmp_path: Path
+) -> None:
+    import trio_asyncio
+
+    from registry.identity import DidKeyIdentity
+    from registry.keys import SigningKey
+    from registry.service import Registry
+    from registry.store.discover import COUNT_CAP
+    from registry.store.pg import open_pg_store
+    from tests.conftest import make_config
+
+    async with trio_asyncio.open_loop(), open_pg_store(seeded_url) as store:
+        registry = Registry(
+            store=store,
+            config=make_config(seeded_url, tmp_path),
+            key=SigningKey.generate(),
+            identity=DidKeyIdentity(),
+        )
+        broad = json.loads(await registry.discover(parse_discover_request({})))
+        assert broad["totalCount"] == COUNT_CAP
+        assert broad["totalCountExact"] is False
+        assert broad["hasMore"] is True
+        narrow = json.loads(
+            await registry.discover(
+                parse_discover_request({"publisherDid": "did:key:z6MkPublisher0042"})
+            )
+        )
+        assert 0 < narrow["totalCount"] < COUNT_CAP
+        assert "totalCountExact" not in narrow
