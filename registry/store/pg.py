@@ -434,7 +434,16 @@ async def open_pg_store(
             max_size=max_size,
             init=_init_connection,
             reset=_no_reset,
-            server_settings={"application_name": "registry"},
+            # asyncpg arms a 300 s inactivity timer on every release and cancels it on the next
+            # acquire; trio-asyncio keeps cancelled timers (and the request context they hold)
+            # until they come due: ~10 kB leaked per query, GC pauses of 0.4 s (measured).
+            max_inactive_connection_lifetime=0,
+            server_settings={
+                "application_name": "registry",
+                # Discovery statements are prepared once and reused with other values; a generic
+                # plan misestimates array containment (serviceType) and ran 5-8x slower.
+                "plan_cache_mode": "force_custom_plan",
+            },
         )
 
     try:
