@@ -46,6 +46,7 @@ async def follow_log(
     store: PgStore,
     entries: FollowedCache[str, Served],
     sessions: FollowedCache[bytes, SessionRecord] | None = None,
+    results: FollowedCache[str, str] | None = None,
     *,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -53,7 +54,7 @@ async def follow_log(
 
     Caching is on only while the follower is connected; a lost notification clears the caches.
     """
-    caches: list[FollowedCache[Any, Any]] = [entries] + ([sessions] if sessions else [])
+    caches: list[FollowedCache[Any, Any]] = [c for c in (entries, sessions, results) if c]
     try:
         async with store.listen("registry_log", "registry_session") as notes:
             for cache in caches:
@@ -69,6 +70,8 @@ async def follow_log(
                 for channel, payload in batch:
                     if channel == "registry_log":
                         entries.invalidate(payload.partition(" ")[2])
+                        if results is not None:
+                            results.clear()  # any change may move any discovery result
                     elif sessions is not None:
                         sessions.invalidate(bytes.fromhex(payload))
     finally:
@@ -190,7 +193,9 @@ async def serve(
             actors: dict[str, Callable[[], Any]] = {
                 "rate-limiter": limiter.run,
                 "entry-writer": writer.run,
-                "log-follower": lambda: follow_log(store, registry.cache, registry.sessions),
+                "log-follower": lambda: follow_log(
+                    store, registry.cache, registry.sessions, registry.results
+                ),
                 "janitor": lambda: run_janitor(store),
             }
             for name, body in actors.items():

@@ -108,6 +108,7 @@ class LimitsConfig(_Section):
     query_body_bytes: Annotated[int, Field(ge=1024)] = 64 * 1024
     federation_body_bytes: Annotated[int, Field(ge=1024)] = 4 * 1024 * 1024
     small_body_bytes: Annotated[int, Field(ge=1024)] = 64 * 1024
+    discover_cache_entries: Annotated[int, Field(ge=0, le=100_000)] = 2000  # 0: no result cache
 
     @model_validator(mode="after")
     def _pages(self) -> LimitsConfig:

@@ -145,6 +145,10 @@ class Registry:
         self.cursors = CursorCodec(key.seed)
         self.cache: FollowedCache[str, Served] = FollowedCache()  # entry DID → head
         self.sessions: FollowedCache[bytes, SessionRecord] = FollowedCache()  # token hash
+        # Discovery pages by query: any committed change clears them all.
+        self.results: FollowedCache[str, str] = FollowedCache(
+            max(1, config.limits.discover_cache_entries)
+        )
 
     @property
     def did(self) -> str:
@@ -312,12 +316,26 @@ class Registry:
             assert replayed is not None
             return Served(0, doc, replayed)
         self.cache.invalidate(did)
+        self.results.clear()
         return Served(seq, doc)
 
     # --- discovery ----------------------------------------------------------------------
 
     async def discover(self, query: RegistryQuery) -> str:
         """One page of results as JSON text: {entries, cursor?, hasMore, totalCount}."""
+        caching = self.config.limits.discover_cache_entries > 0
+        key = repr(query)
+        if caching:
+            cached = self.results.get(key)
+            if cached is not None:
+                return cached
+        epoch = self.results.epoch
+        body = await self._discover(query)
+        if caching:
+            self.results.put(key, body, epoch)
+        return body
+
+    async def _discover(self, query: RegistryQuery) -> str:
         size = self.page_size(query.limit)
         after = self.cursors.decode(query, query.cursor) if query.cursor else None
         plan = compile_discover(query, limit=size, after=after)

@@ -130,7 +130,9 @@ async def open_harness(
         async with trio.open_nursery() as nursery:
             nursery.start_soon(limiter.run)
             nursery.start_soon(writer.run)
-            await nursery.start(follow_log, store, registry.cache, registry.sessions)
+            await nursery.start(
+                follow_log, store, registry.cache, registry.sessions, registry.results
+            )
             async with app.test_app() as test_app:
                 yield Harness(registry, test_app.test_client(), config)
             nursery.cancel_scope.cancel()

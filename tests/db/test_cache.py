@@ -3,6 +3,7 @@ invalidates it, and losing the LISTEN connection turns caching off instead of se
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import asyncpg
@@ -122,4 +123,45 @@ async def test_logout_in_another_process_revokes_a_cached_session(
                 await revoked.wait()
                 with pytest.raises(Unauthorized):
                     await mine.authenticate(token)
+                nursery.cancel_scope.cancel()
+
+
+async def test_discovery_results_are_cached_until_any_change_commits(
+    database_url: str, tmp_path: Path
+) -> None:
+    from registry.discovery import parse_discover_request
+
+    config = make_config(database_url, tmp_path)
+    key = SigningKey.generate()
+    tag = f"cache-{key.did[-8:]}"
+    with trio.fail_after(30):
+        async with (
+            trio_asyncio.open_loop(),
+            open_pg_store(database_url) as store,
+            open_pg_store(database_url) as other_store,
+        ):
+            mine = Registry(store=store, config=config, key=key, identity=DidKeyIdentity())
+            other = Registry(store=other_store, config=config, key=key, identity=DidKeyIdentity())
+            query = parse_discover_request({"tags": [tag]})
+            cleared = trio.Event()
+            plain_clear = mine.results.clear
+
+            def spy() -> None:
+                plain_clear()
+                cleared.set()
+
+            mine.results.clear = spy  # type: ignore[method-assign]
+            async with trio.open_nursery() as nursery:
+                await nursery.start(follow_log, store, mine.cache, mine.sessions, mine.results)
+                first = json.loads(await mine.discover(query))
+                assert first["totalCount"] == 0
+                assert mine.results.get(repr(query)) is not None  # cached
+                cleared = trio.Event()
+                await other.create_entry(_principal(key), signed_entry(key, tags=[tag]), None)
+                await cleared.wait()  # the other process's commit cleared our results
+                second = json.loads(await mine.discover(query))
+                assert second["totalCount"] == 1
+                # A local write clears at once, before any notification arrives.
+                await mine.create_entry(_principal(key), signed_entry(key, tags=[tag]), None)
+                assert json.loads(await mine.discover(query))["totalCount"] == 2
                 nursery.cancel_scope.cancel()
