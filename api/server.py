@@ -10,6 +10,7 @@ supervisor. SIGINT/SIGTERM trigger a graceful stop: Hypercorn finishes in-flight
 from __future__ import annotations
 
 import fcntl
+import gc
 import logging
 import os
 import signal
@@ -216,6 +217,10 @@ async def serve(
                     http_done.set()
 
             binds: list[str] = await nursery.start(run_http)
+            # Everything allocated so far lives as long as the process (modules, models, the
+            # app): keep it out of the collector's full passes, which otherwise stall requests.
+            gc.collect()
+            gc.freeze()
             log.info("serving on %s", ", ".join(binds))
             task_status.started(binds)
             # Hypercorn returns once `stop` is set and in-flight requests are drained
