@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import re
 
-from registry.errors import Invalid
-
 _B58 = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
 _B58_INDEX = {c: i for i, c in enumerate(_B58)}
 ED25519_MULTICODEC = b"\xed\x01"
@@ -45,12 +43,6 @@ def b58decode(text: str) -> bytes:
 
 def is_did(value: str) -> bool:
     return len(value) <= MAX_DID_LENGTH and _DID_RE.fullmatch(value) is not None
-
-
-def check_did(value: object, field: str) -> str:
-    if not isinstance(value, str) or not is_did(value):
-        raise Invalid(f"{field} is not a valid DID", code="invalid_did", details={"field": field})
-    return value
 
 
 def did_key_from_public_key(public_key: bytes) -> str:

@@ -15,7 +15,6 @@ from registry.did import (
     ED25519_MULTICODEC,
     b58decode,
     b58encode,
-    check_did,
     controller_of,
     did_key_from_public_key,
     is_did,
@@ -23,7 +22,6 @@ from registry.did import (
     public_key_from_did_key,
     public_key_from_key_id,
 )
-from registry.errors import Invalid
 from registry.keys import (
     KeyFileError,
     SigningKey,
@@ -238,7 +236,6 @@ def test_key_id_fragment_must_name_the_dids_own_key() -> None:
 )
 def test_valid_did_syntax(value: str) -> None:
     assert is_did(value)
-    assert check_did(value, "entryDid") == value
 
 
 @pytest.mark.parametrize(
@@ -268,17 +265,6 @@ def test_valid_did_syntax(value: str) -> None:
 )
 def test_invalid_did_syntax(value: str) -> None:
     assert not is_did(value)
-    with pytest.raises(Invalid) as caught:
-        check_did(value, "targetDid")
-    assert caught.value.code == "invalid_did"
-    assert caught.value.details == {"field": "targetDid"}
-
-
-@pytest.mark.parametrize("value", [None, 42, ["did:web:example.com"], b"did:web:example.com"])
-def test_check_did_rejects_non_strings(value: object) -> None:
-    with pytest.raises(Invalid) as caught:
-        check_did(value, "publisherDid")
-    assert "publisherDid" in caught.value.message
 
 
 # --- base58btc ----------------------------------------------------------------------------------
