@@ -169,16 +169,6 @@ def mentions(expr: Expr | None, name: str) -> bool:
     return False
 
 
-def has_match(expr: Expr | None) -> bool:
-    if isinstance(expr, Match):
-        return True
-    if isinstance(expr, Not):
-        return has_match(expr.expr)
-    if isinstance(expr, And | Or):
-        return any(has_match(e) for e in expr.exprs)
-    return False
-
-
 def match_texts(expr: Expr | None) -> list[str]:
     """The MATCH texts outside any NOT: they rank results for `relevance` ordering."""
     if isinstance(expr, Match):

@@ -4,6 +4,8 @@ invalidates it, and losing the LISTEN connection turns caching off instead of se
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import asyncpg
@@ -18,7 +20,7 @@ from registry.keys import SigningKey
 from registry.service import Principal, Registry
 from registry.signin import build_response
 from registry.store import SessionRecord
-from registry.store.pg import open_pg_store
+from registry.store.pg import PgStore, open_pg_store
 from tests.conftest import make_config
 from tests.helpers import signed_entry
 
@@ -28,19 +30,29 @@ def _principal(key: SigningKey) -> Principal:
     return Principal(key.did, session.capabilities, session, b"")
 
 
+@asynccontextmanager
+async def two_processes(
+    database_url: str, tmp_path: Path, key: SigningKey
+) -> AsyncIterator[tuple[PgStore, Registry, Registry]]:
+    """Two registries on the database through separate pools, as two processes would be:
+    (the store of the first, the first, the second)."""
+    config = make_config(database_url, tmp_path)
+    async with (
+        trio_asyncio.open_loop(),
+        open_pg_store(database_url) as store,
+        open_pg_store(database_url) as other_store,
+    ):
+        mine = Registry(store=store, config=config, key=key, identity=DidKeyIdentity())
+        other = Registry(store=other_store, config=config, key=key, identity=DidKeyIdentity())
+        yield store, mine, other
+
+
 async def test_change_from_another_process_invalidates_and_lost_listener_disables(
     database_url: str, tmp_path: Path
 ) -> None:
-    config = make_config(database_url, tmp_path)
     key = SigningKey.generate()
     with trio.fail_after(30):
-        async with (
-            trio_asyncio.open_loop(),
-            open_pg_store(database_url) as store,
-            open_pg_store(database_url) as other_store,
-        ):
-            mine = Registry(store=store, config=config, key=key, identity=DidKeyIdentity())
-            other = Registry(store=other_store, config=config, key=key, identity=DidKeyIdentity())
+        async with two_processes(database_url, tmp_path, key) as (store, mine, other):
             entry = signed_entry(key)
             did = entry["entryDid"]
             created = await other.create_entry(_principal(key), entry, None)
@@ -89,16 +101,9 @@ async def test_change_from_another_process_invalidates_and_lost_listener_disable
 async def test_logout_in_another_process_revokes_a_cached_session(
     database_url: str, tmp_path: Path
 ) -> None:
-    config = make_config(database_url, tmp_path)
     key = SigningKey.generate()
     with trio.fail_after(30):
-        async with (
-            trio_asyncio.open_loop(),
-            open_pg_store(database_url) as store,
-            open_pg_store(database_url) as other_store,
-        ):
-            mine = Registry(store=store, config=config, key=key, identity=DidKeyIdentity())
-            other = Registry(store=other_store, config=config, key=key, identity=DidKeyIdentity())
+        async with two_processes(database_url, tmp_path, key) as (store, mine, other):
             challenge = await other.challenge({"audience": "cache-test"})
             _body, token = await other.verify(
                 {
@@ -131,17 +136,10 @@ async def test_discovery_results_are_cached_until_any_change_commits(
 ) -> None:
     from registry.discovery import parse_discover_request
 
-    config = make_config(database_url, tmp_path)
     key = SigningKey.generate()
     tag = f"cache-{key.did[-8:]}"
     with trio.fail_after(30):
-        async with (
-            trio_asyncio.open_loop(),
-            open_pg_store(database_url) as store,
-            open_pg_store(database_url) as other_store,
-        ):
-            mine = Registry(store=store, config=config, key=key, identity=DidKeyIdentity())
-            other = Registry(store=other_store, config=config, key=key, identity=DidKeyIdentity())
+        async with two_processes(database_url, tmp_path, key) as (store, mine, other):
             query = parse_discover_request({"tags": [tag]})
             cleared = trio.Event()
             plain_clear = mine.results.clear
