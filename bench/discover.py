@@ -438,7 +438,7 @@ async def seed_database(url: str, count: int) -> tuple[str, dict[str, Any]]:
         await seed(conn, count)
         # autovacuum may be off (it is on the reference machine) and would otherwise run in the
         # middle of a measurement: vacuum now, as a table in service would have been.
-        await conn.execute("VACUUM (ANALYZE) entries")
+        await conn.execute("VACUUM (ANALYZE) entries, entry_versions")
         did = await conn.fetchval(
             "SELECT entry_did FROM entries WHERE lifecycle = 'active'"
             " ORDER BY head_seq OFFSET $1 LIMIT 1",
@@ -449,6 +449,7 @@ async def seed_database(url: str, count: int) -> tuple[str, dict[str, Any]]:
                 "SELECT count(*) AS entries,"
                 " count(*) FILTER (WHERE lifecycle NOT IN ('revoked', 'deleted')) AS listed,"
                 " pg_size_pretty(pg_total_relation_size('entries')) AS size,"
+                " pg_size_pretty(pg_total_relation_size('entry_versions')) AS versions_size,"
                 " (SELECT setting FROM pg_settings WHERE name = 'jit') AS jit,"
                 " (SELECT setting FROM pg_settings WHERE name = 'autovacuum') AS autovacuum,"
                 " (SELECT current_setting('shared_buffers')) AS shared_buffers,"
@@ -496,8 +497,10 @@ async def sql_costs(url: str, shapes: list[Shape]) -> dict[str, list[float]]:
     executions PostgreSQL may use its generic plan, as it does under load."""
     import asyncpg
 
+    from registry.store.pg import SESSION_SETTINGS
+
     out: dict[str, list[float]] = {}
-    conn = await asyncpg.connect(url, timeout=10)
+    conn = await asyncpg.connect(url, timeout=10, server_settings=SESSION_SETTINGS)
     try:
         for shape in shapes:
             costs = []
@@ -521,8 +524,10 @@ async def explain(url: str, variant: Any, kind: str) -> str:
     """EXPLAIN (ANALYZE, BUFFERS) of what the server runs for one variant (custom plan)."""
     import asyncpg
 
+    from registry.store.pg import SESSION_SETTINGS
+
     out = []
-    conn = await asyncpg.connect(url, timeout=10)
+    conn = await asyncpg.connect(url, timeout=10, server_settings=SESSION_SETTINGS)
     try:
         for label, sql, params in server_statements(compile_variant(variant, kind)):
             await conn.fetch(sql, *params)  # a warm cache, as under load

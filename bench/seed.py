@@ -73,17 +73,24 @@ async def seed(conn: asyncpg.Connection, count: int, *, batch: int = 5000, seed:
         docs = [make_doc(i, rng, now) for i in range(first, min(first + batch, start + count))]
         await conn.execute(
             """
+            WITH docs AS (SELECT t, t::jsonb AS d FROM unnest($1::text[]) AS t),
+            versions AS (
+                INSERT INTO entry_versions (seq, entry_did, publisher_did, lifecycle, doc)
+                SELECT (d->>'sequence')::bigint, d->>'entryDid', d->>'publisherDid',
+                       d->>'lifecycleStatus', t
+                FROM docs
+            )
             INSERT INTO entries (entry_did, head_seq, created_seq, publisher_did, entry_type,
-                                 lifecycle, doc, name, description, version, tags, service_types,
+                                 lifecycle, name, description, version, tags, service_types,
                                  relationships, custom_metadata, published_at, updated_at, search)
             SELECT d->>'entryDid', (d->>'sequence')::bigint, (d->>'sequence')::bigint,
-                   d->>'publisherDid', d->>'entryType', d->>'lifecycleStatus', t,
+                   d->>'publisherDid', d->>'entryType', d->>'lifecycleStatus',
                    p.name, p.description, p.version, p.tags, p.service_types, p.relationships,
                    p.custom_metadata, p.published_at, p.updated_at, p.search
-            FROM unnest($1::text[]) AS t, LATERAL (SELECT t::jsonb AS d) AS j,
-                 LATERAL entry_projection(t) AS p
+            FROM docs, LATERAL entry_projection(t) AS p
             """,
             [json.dumps(d, separators=(",", ":"), sort_keys=True) for d in docs],
         )
     await conn.execute("UPDATE log_head SET seq = $1", start + count - 1)
     await conn.execute("ANALYZE entries")
+    await conn.execute("ANALYZE entry_versions")

@@ -13,7 +13,6 @@ ordering that reaches it needs no tie-breaker.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -52,12 +51,7 @@ _COLUMNS = {
     "updatedAt": "updated_at",
     "sequence": "head_seq",
 }
-_ORDER_SQL = {
-    "publishedAt": "published_at",
-    "updatedAt": "updated_at",
-    "name": 'name COLLATE "C"',
-    "sequence": "head_seq",
-}
+_TIME_KEYS = {"publishedAt": "published_at", "updatedAt": "updated_at"}
 _SQL_OPS = {"=": "=", "!=": "<>", "<": "<", ">": ">", "<=": "<=", ">=": ">="}
 _TS_CONFIG = "english"
 
@@ -178,33 +172,26 @@ COUNT_CAP = 1000  # totalCount is exact up to this many matches
 
 @dataclass(frozen=True)
 class Plan:
-    """One page of a query: `sql` answers rows of (`total`, `doc`, sort keys k0…) in one
-    statement, hence one snapshot; `page_sql` and `count_sql` are its two parts (for EXPLAIN).
+    """One page of a query: `sql` answers rows of (`total`, `doc`, `entry_did`, `head_seq`, sort
+    keys k0…) in one statement, hence one snapshot. A page past the last result is one row with
+    `doc` NULL, so the count is never lost.
 
     `total` counts matches up to `COUNT_CAP + 1`: exact when at most COUNT_CAP, else "more".
-    A page past the last result is one row with `doc` NULL, so the count is never lost.
+    The count is computed first and decides how the page is found (see `compile_discover`).
+    `page_sql` and `count_sql` are the statement's two parts on their own (for EXPLAIN).
     """
 
+    sql: str
+    params: list[Any]  # of `sql` and of `page_sql`
     page_sql: str
-    page_params: list[Any]
     count_sql: str
     count_params: list[Any]
     order: tuple[OrderKey, ...]
     tiebreak: bool  # whether entry_did is a sort key after `order`
 
     @property
-    def sql(self) -> str:
-        shift = len(self.page_params)
-        count = re.sub(r"\$(\d+)", lambda m: f"${int(m.group(1)) + shift}", self.count_sql)
-        keys = re.findall(r"\bk\d+ (?:ASC|DESC)", self.page_sql.rsplit("ORDER BY", 1)[1])
-        return (
-            f"SELECT t.total, p.* FROM ({count}) AS t LEFT JOIN LATERAL ({self.page_sql}) AS p"
-            f" ON true ORDER BY {', '.join('p.' + k for k in keys)}"
-        )
-
-    @property
-    def params(self) -> list[Any]:
-        return [*self.page_params, *self.count_params]
+    def page_params(self) -> list[Any]:
+        return self.params
 
 
 def _filters(query: RegistryQuery, p: _Params) -> list[str]:
@@ -220,74 +207,109 @@ def _filters(query: RegistryQuery, p: _Params) -> list[str]:
     return where
 
 
+@dataclass(frozen=True)
+class _Key:
+    expr: str  # over the entries table
+    descending: bool
+    kind: str  # "rank", "time", "seq" or "text": the SQL type of a cursor value
+
+    def column(self, i: int) -> str:
+        """The key as the output column k<i> of a candidate row."""
+        return f'k{i} COLLATE "C"' if self.kind == "text" else f"k{i}"
+
+
 def compile_discover(query: RegistryQuery, *, limit: int, after: list[Any] | None) -> Plan:
     """SQL for one page of `query`: `limit + 1` rows (the extra one says whether more exist),
-    after the position `after` (the previous page's last sort values) or at `query.offset`."""
+    after the position `after` (the previous page's last sort values) or at `query.offset`.
+
+    One scan collects up to COUNT_CAP + 1 matches with their sort keys (`m`); their number is
+    the capped count, and it decides how the page is found, the choice the planner gets wrong
+    when it misjudges how many rows a filter keeps:
+      * at most COUNT_CAP matches: the page is sorted out of `m`, no second scan;
+      * more: the ordering's index is walked and the filter applied until the page is full (the
+        planner free to choose otherwise); with over 1% of the table matching, that is on the
+        order of a hundred rows per result. A relevance ordering ranks every match instead.
+    The stored documents are joined from entry_versions for the page's rows only.
+    """
     order = effective_order(query)
-    keys: list[tuple[str, bool]] = []  # (sql expression, descending)
-    count_params = _Params()
-    count_where = _filters(query, count_params)
+    keys: list[_Key] = []
     p = _Params()
     where = _filters(query, p)
     for key in order:
         if key.field == "relevance":
             # Ranked by any of the MATCH texts (OR of their queries), so `MATCH 'a' OR MATCH 'b'`
             # ranks an entry that matches either.
-            ranked = " || ".join(
+            texts = " || ".join(
                 f"websearch_to_tsquery('{_TS_CONFIG}', {p.bind(text)})"
                 for text in match_texts(query.where)
             )
-            expr = f"ts_rank_cd(search, ({ranked}))"
-        else:
-            expr = _ORDER_SQL[key.field]
-        keys.append((expr, key.descending))
-        if key.field == "sequence":
+            keys.append(_Key(f"ts_rank(search, ({texts}))", key.descending, "rank"))
+        elif key.field == "sequence":
+            keys.append(_Key("head_seq", key.descending, "seq"))
             break  # unique: nothing after it can matter
-    tiebreak = keys[-1][0] != "head_seq"
+        elif key.field == "name":
+            keys.append(_Key('name COLLATE "C"', key.descending, "text"))
+        else:
+            keys.append(_Key(_TIME_KEYS[key.field], key.descending, "time"))
+    tiebreak = keys[-1].kind != "seq"
     if tiebreak:
-        keys.append(('entry_did COLLATE "C"', keys[-1][1]))
+        keys.append(_Key('entry_did COLLATE "C"', keys[-1].descending, "text"))
+    scan_where = list(where)
+    few_where = [f"t.total <= {COUNT_CAP}"]
     if after is not None:
         if len(after) != len(keys):
             raise Invalid("cursor does not belong to this query", code="invalid_cursor")
-        where.append(_keyset(keys, after, p))
-    selected = ", ".join(f"{expr} AS k{i}" for i, (expr, _) in enumerate(keys))
-    order_sql = ", ".join(f"k{i} {'DESC' if desc else 'ASC'}" for i, (_, desc) in enumerate(keys))
-    page_sql = (
-        f"SELECT doc, entry_did, {selected} FROM entries WHERE {' AND '.join(where)}"
-        f" ORDER BY {order_sql} LIMIT {p.bind(limit + 1)}"
-    )
+        scan_where.append(_keyset([k.expr for k in keys], keys, after, p))
+        few_where.append(_keyset([k.column(i) for i, k in enumerate(keys)], keys, after, p))
+    selected = ", ".join(f"{k.expr} AS k{i}" for i, k in enumerate(keys))
+    order_sql = ", ".join(f"k{i} {'DESC' if k.descending else 'ASC'}" for i, k in enumerate(keys))
+    window = f" LIMIT {p.bind(limit + 1)}"
     if query.offset and after is None:
-        page_sql += f" OFFSET {p.bind(query.offset)}"
-    capped = count_params.bind(COUNT_CAP + 1)
+        window += f" OFFSET {p.bind(query.offset)}"
+    columns = f"entry_did, head_seq, {selected}"
+    page_sql = f"SELECT {columns} FROM entries WHERE {' AND '.join(scan_where)}"
+    page_sql += f" ORDER BY {order_sql}{window}"
+    candidates = f"SELECT {columns} FROM entries WHERE {' AND '.join(where)} LIMIT {COUNT_CAP + 1}"
+    scan_where.append(f"t.total > {COUNT_CAP}")
+    sql = (
+        f"WITH m AS MATERIALIZED ({candidates}), t AS (SELECT count(*) AS total FROM m)"
+        f" SELECT t.total, v.doc, p.* FROM t LEFT JOIN LATERAL ("
+        f"(SELECT {columns} FROM entries WHERE {' AND '.join(scan_where)}"
+        f" ORDER BY {order_sql}{window})"
+        f" UNION ALL (SELECT * FROM m WHERE {' AND '.join(few_where)}"
+        f" ORDER BY {order_sql}{window})"
+        f") AS p ON true LEFT JOIN entry_versions AS v ON v.seq = p.head_seq"
+        f" ORDER BY {', '.join('p.' + part for part in order_sql.split(', '))}"
+    )
+    count_params = _Params()
+    count_where = _filters(query, count_params)
     count_sql = (
         f"SELECT count(*) AS total FROM (SELECT 1 FROM entries"
-        f" WHERE {' AND '.join(count_where)} LIMIT {capped}) AS matches"
+        f" WHERE {' AND '.join(count_where)} LIMIT {count_params.bind(COUNT_CAP + 1)}) AS matches"
     )
-    return Plan(page_sql, p.values, count_sql, count_params.values, order, tiebreak)
+    return Plan(sql, p.values, page_sql, count_sql, count_params.values, order, tiebreak)
 
 
-def _keyset(keys: list[tuple[str, bool]], after: list[Any], p: _Params) -> str:
-    """Rows strictly after `after` in the order of `keys`."""
-    if all(desc == keys[0][1] for _, desc in keys):
-        op = "<" if keys[0][1] else ">"
-        columns = ", ".join(expr for expr, _ in keys)
-        values = ", ".join(_bind_key(expr, v, p) for (expr, _), v in zip(keys, after, strict=True))
-        return f"({columns}) {op} ({values})"
+def _keyset(exprs: list[str], keys: list[_Key], after: list[Any], p: _Params) -> str:
+    """Rows strictly after `after` in the order of `keys` (each written as `exprs[i]`)."""
+    values = [_bind_key(k, v, p) for k, v in zip(keys, after, strict=True)]
+    if all(k.descending == keys[0].descending for k in keys):
+        op = "<" if keys[0].descending else ">"
+        return f"({', '.join(exprs)}) {op} ({', '.join(values)})"
     alternatives = []
-    for i, (expr, desc) in enumerate(keys):
-        equal = [
-            f"{e} = {_bind_key(e, v, p)}" for (e, _), v in zip(keys[:i], after[:i], strict=True)
-        ]
-        step = f"{expr} {'<' if desc else '>'} {_bind_key(expr, after[i], p)}"
+    for i, key in enumerate(keys):
+        equal = [f"{exprs[j]} = {values[j]}" for j in range(i)]
+        step = f"{exprs[i]} {'<' if key.descending else '>'} {values[i]}"
         alternatives.append("(" + " AND ".join([*equal, step]) + ")")
     return "(" + " OR ".join(alternatives) + ")"
 
 
-def _bind_key(expr: str, value: Any, p: _Params) -> str:
-    if expr.startswith("ts_rank_cd"):
+def _bind_key(key: _Key, value: Any, p: _Params) -> str:
+    if key.kind == "rank":
         return p.bind(float(value), "::real")
-    if expr in ("published_at", "updated_at"):
-        return p.bind(datetime.fromisoformat(value) if isinstance(value, str) else value)
-    if expr == "head_seq":
+    if key.kind == "time":
+        moment = datetime.fromisoformat(value) if isinstance(value, str) else value
+        return p.bind(moment, "::timestamptz")
+    if key.kind == "seq":
         return p.bind(int(value), "::bigint")
     return p.bind(str(value), "::text")

@@ -21,6 +21,7 @@ from registry.discovery import parse_discover_request
 from registry.query import RegistryQuery
 from registry.store.discover import compile_discover
 from registry.store.migrate import _migrate, load_migrations
+from registry.store.pg import SESSION_SETTINGS
 from tests.conftest import LOCAL_ADMIN
 
 ROWS = 100_000
@@ -67,7 +68,7 @@ def _scans(plan: dict[str, Any]) -> Iterator[tuple[str, str]]:
 
 
 async def _explain(url: str, sql: str, params: list[Any]) -> list[tuple[str, str]]:
-    conn = await asyncpg.connect(url)
+    conn = await asyncpg.connect(url, server_settings=SESSION_SETTINGS)
     try:
         raw = await conn.fetchval(f"EXPLAIN (FORMAT JSON) {sql}", *params)
     finally:
@@ -109,7 +110,7 @@ def _queries() -> dict[str, RegistryQuery]:
 @pytest.mark.parametrize("shape", [*SHAPES, *REGISTRYQL])
 def test_indexed_filter_uses_no_sequential_scan(seeded_url: str, shape: str) -> None:
     plan = compile_discover(_queries()[shape], limit=20, after=None)
-    for sql, params in ((plan.page_sql, plan.page_params), (plan.count_sql, plan.count_params)):
+    for sql, params in ((plan.sql, plan.params), (plan.count_sql, plan.count_params)):
         scans = asyncio.run(_explain(seeded_url, sql, params))
         assert ("Seq Scan", "entries") not in scans, f"{shape}: {scans}\n{sql}"
 
@@ -152,3 +153,61 @@ async def test_total_count_is_exact_up_to_the_cap_then_flagged(
         )
         assert 0 < narrow["totalCount"] < COUNT_CAP
         assert "totalCountExact" not in narrow
+
+
+BROAD: dict[str, dict[str, Any]] = {
+    "newest": {},
+    "published-asc": {"orderBy": "publishedAt", "order": "asc"},
+    "updated-desc": {"orderBy": "updatedAt"},
+    "name": {"orderBy": "name"},
+    "name-desc-filtered": {"orderBy": "name", "order": "desc", "entryType": "ToolDefinition"},
+    "relevance": {"text": "invoice"},
+    "tags-any-by-published": {"anyTags": ["tag-3", "tag-4", "legal"], "orderBy": "publishedAt"},
+}
+
+
+@pytest.mark.parametrize("shape", BROAD)
+async def test_paging_a_broad_result_matches_one_big_page(
+    seeded_url: str, tmp_path: Path, shape: str
+) -> None:
+    """Above COUNT_CAP matches the page is found by walking the ordering (or ranking every
+    match), not out of the counted candidates: cursors chained over four pages of 25 give
+    exactly the first page of 100, and OFFSET 50 gives its second half."""
+    import dataclasses
+
+    import trio_asyncio
+
+    from registry.identity import DidKeyIdentity
+    from registry.keys import SigningKey
+    from registry.service import Registry
+    from registry.store.pg import open_pg_store
+    from tests.conftest import make_config
+
+    config = make_config(seeded_url, tmp_path)
+    config = config.model_copy(
+        update={"limits": config.limits.model_copy(update={"discover_cache_entries": 0})}
+    )
+    query = parse_discover_request(BROAD[shape])
+    async with trio_asyncio.open_loop(), open_pg_store(seeded_url) as store:
+        registry = Registry(
+            store=store, config=config, key=SigningKey.generate(), identity=DidKeyIdentity()
+        )
+
+        async def page(**changes: Any) -> dict[str, Any]:
+            body = await registry.discover(dataclasses.replace(query, **changes))
+            result: dict[str, Any] = json.loads(body)
+            return result
+
+        whole = await page(limit=100)
+        assert whole["totalCountExact"] is False  # the broad branch
+        expected = [e["entryDid"] for e in whole["entries"]]
+        assert len(expected) == 100 == len(set(expected))
+        chained: list[str] = []
+        cursor = None
+        for _ in range(4):
+            result = await page(limit=25, cursor=cursor)
+            chained += [e["entryDid"] for e in result["entries"]]
+            cursor = result["cursor"]
+        assert chained == expected
+        second_half = await page(limit=50, offset=50)
+        assert [e["entryDid"] for e in second_half["entries"]] == expected[50:]
