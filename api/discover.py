@@ -17,8 +17,7 @@ def register(app: QuartTrio) -> None:
     @app.post("/v1/discover")
     @endpoint("query", body_limit="query_body_bytes")
     async def discover(ctx: Ctx) -> Response:
-        query = parse_discover_request(ctx.json())
-        return json_response(await deps().registry.discover(query))
+        return await _answer(parse_discover_request(ctx.json()))
 
     @app.post("/v1/discover/registryql")
     @endpoint("query", body_limit="query_body_bytes")
@@ -39,4 +38,10 @@ def register(app: QuartTrio) -> None:
                 limit=query.limit,
                 cursor=request.cursor,
             )
-        return json_response(await deps().registry.discover(query))
+        return await _answer(query)
+
+
+async def _answer(query: RegistryQuery) -> Response:
+    """The page, with `X-Cache: hit` when it came from the result cache (else `miss`)."""
+    body, hit = await deps().registry.discover_page(query)
+    return json_response(body, X_Cache="hit" if hit else "miss")

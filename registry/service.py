@@ -323,17 +323,22 @@ class Registry:
 
     async def discover(self, query: RegistryQuery) -> str:
         """One page of results as JSON text: {entries, cursor?, hasMore, totalCount}."""
+        body, _ = await self.discover_page(query)
+        return body
+
+    async def discover_page(self, query: RegistryQuery) -> tuple[str, bool]:
+        """`discover`'s page, and whether it came from the result cache."""
         caching = self.config.limits.discover_cache_entries > 0
         key = repr(query)
         if caching:
             cached = self.results.get(key)
             if cached is not None:
-                return cached
+                return cached, True
         epoch = self.results.epoch
         body = await self._discover(query)
         if caching:
             self.results.put(key, body, epoch)
-        return body
+        return body, False
 
     async def _discover(self, query: RegistryQuery) -> str:
         size = self.page_size(query.limit)

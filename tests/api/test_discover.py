@@ -989,3 +989,36 @@ async def test_offset_bounds_and_offset_with_cursor_are_400(harness: Harness) ->
     cursor = (await discover(harness, {"tags": [tag], "limit": 1}))["cursor"]
     r = await post(harness, {"tags": [tag], "limit": 1, "offset": 1, "cursor": cursor})
     await error_of(r, 400, "invalid_cursor")
+
+
+async def test_a_repeated_query_is_answered_from_the_cache_until_a_change_commits(
+    harness: Harness,
+) -> None:
+    """`X-Cache` says where a page came from; a write clears the cache at once, so the next
+    answer is recomputed and shows it, on both discovery endpoints (the same query in either
+    form is one cache entry, so the RegistryQL one here orders differently)."""
+    pub = await publisher(harness)
+    tag = scope()
+    await pub.publish(tags=[tag])
+    for path, body in (
+        ("/v1/discover", {"tags": [tag]}),
+        (
+            "/v1/discover/registryql",
+            {"query": f"DISCOVER * WHERE tags CONTAINS '{tag}' ORDER BY name"},
+        ),
+    ):
+        first = await post(harness, body, path)
+        second = await post(harness, body, path)
+        assert (first.headers["X-Cache"], second.headers["X-Cache"]) == ("miss", "hit")
+        assert await first.get_data() == await second.get_data()
+    await pub.publish(tags=[tag])
+    for path, body in (
+        ("/v1/discover", {"tags": [tag]}),
+        (
+            "/v1/discover/registryql",
+            {"query": f"DISCOVER * WHERE tags CONTAINS '{tag}' ORDER BY name"},
+        ),
+    ):
+        after = await post(harness, body, path)
+        assert after.headers["X-Cache"] == "miss"
+        assert json.loads(await after.get_data())["totalCount"] == 2
