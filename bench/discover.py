@@ -41,6 +41,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -296,6 +297,146 @@ SHAPES: list[Shape] = [
 ]
 
 
+# --- a realistic query population (the "zipf" row) ----------------------------------------
+
+ZIPF_TYPES = ("AgentDefinition", "ToolDefinition")
+
+
+def zipf_population(size: int, seed: int = 5) -> list[str]:
+    """`size` distinct request lines, drawn from every query shape above with values from
+    bench/seed.py's vocabulary (so most have results): what many different users would ask."""
+    from bench.seed import SERVICE_TYPES, TEAMS, WORDS
+
+    rng = random.Random(seed)
+    tags = [*WORDS, *(f"tag-{i}" for i in range(200))]
+
+    def body() -> tuple[str, Any]:
+        shape = rng.randrange(12)
+        order: dict[str, Any] = {}
+        if rng.random() < 0.25:
+            order = {"orderBy": rng.choice(["publishedAt", "updatedAt", "name"])}
+        if shape == 0:
+            return "discover", {"text": rng.choice(WORDS)}
+        if shape in (1, 2):
+            return "discover", {"text": " ".join(rng.sample(WORDS, rng.choice((2, 3))))}
+        if shape == 3:
+            return "discover", {"tags": rng.sample(tags, rng.choice((1, 2))), **order}
+        if shape == 4:
+            return "discover", {"anyTags": rng.sample(tags, rng.choice((2, 3))), **order}
+        if shape == 5:
+            return "discover", {"publisherDid": pub(rng.randrange(1000)), **order}
+        if shape == 6:
+            extra = {"entryType": rng.choice(ZIPF_TYPES)} if rng.random() < 0.5 else {}
+            return "discover", {"metadata": {"team": rng.choice(TEAMS)}, **extra, **order}
+        if shape == 7:
+            return "discover", {
+                "entryType": rng.choice(ZIPF_TYPES),
+                "serviceType": rng.choice(SERVICE_TYPES),
+                **order,
+            }
+        if shape == 8:
+            day = rng.randrange(1, 365)
+            return "discover", {"publishedAfter": f"{_day(day)}T00:00:00Z", **order}
+        if shape == 9:
+            return "discover", {"relationship": {"targetDid": f"did:web:base:{rng.randrange(100)}"}}
+        if shape == 10:
+            words = " ".join(rng.sample(WORDS, rng.choice((1, 2))))
+            kind = rng.choice(("*", *ZIPF_TYPES))
+            return "registryql", f"DISCOVER {kind} WHERE MATCH '{words}' LIMIT 20"
+        tag = rng.choice(tags)
+        return "registryql", (
+            f"DISCOVER * WHERE tags CONTAINS '{tag}' ORDER BY publishedAt DESC LIMIT 20"
+        )
+
+    lines: dict[str, None] = {}
+    while len(lines) < size:
+        kind, value = body()
+        lines[Shape("zipf", kind, (value,), True).lines()[0]] = None
+    population = list(lines)
+    rng.shuffle(population)  # popularity does not follow the shape
+    return population
+
+
+def _day(days_ago: int) -> str:
+    from datetime import date, timedelta
+
+    return (date(2026, 11, 1) - timedelta(days=days_ago)).isoformat()
+
+
+def zipf_requests(population: list[str], exponent: float, count: int, seed: int) -> list[str]:
+    """`count` requests, the k-th most popular query drawn with weight 1/k^exponent."""
+    weights = [1.0 / (k**exponent) for k in range(1, len(population) + 1)]
+    return random.Random(seed).choices(population, weights=weights, k=count)
+
+
+class BackgroundWriter:
+    """Commits `rate` entry changes a second into the bench database while it runs, through the
+    same SQL function as the service's writes (entry_write_batch), so every process's log
+    follower hears each change and clears its discovery cache, as in a registry in use.
+    New unsigned entries: discovery neither needs nor checks signatures on stored entries."""
+
+    def __init__(self, url: str, rate: float) -> None:
+        self.url = url
+        self.rate = rate
+        self.written = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._error: BaseException | None = None
+
+    def __enter__(self) -> BackgroundWriter:
+        if self.rate > 0:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
+        if self._error is not None:
+            raise RuntimeError(f"background writer failed: {self._error!r}")
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._write())
+        except BaseException as exc:  # reported by __exit__
+            self._error = exc
+
+    async def _write(self) -> None:
+        import asyncpg
+
+        conn = await asyncpg.connect(self.url, timeout=10)
+        try:
+            period = 1.0 / self.rate
+            next_at = time.monotonic()
+            while not self._stop.is_set():
+                n = self.written
+                did = f"did:web:agents.example.com:bench-write:{secrets.token_hex(6)}"
+                doc = {
+                    "entryDid": did,
+                    "entryType": "AgentDefinition",
+                    "name": f"Written agent {n}",
+                    "description": "An agent published while the benchmark runs.",
+                    "tags": ["bench-write", f"tag-{n % 200}"],
+                    "publisherDid": pub(n % 1000),
+                    "lifecycleStatus": "active",
+                    "publishedAt": "2026-11-01T00:00:00Z",
+                    "updatedAt": "2026-11-01T00:00:00Z",
+                }
+                text = json.dumps(doc, separators=(",", ":"))
+                await conn.fetch(
+                    "SELECT * FROM entry_write_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10,"
+                    " $11, $12, $13)",
+                    ["create"], [did], [None], [doc["publisherDid"]], [doc["entryType"]],
+                    ["active"], [text[:-1] + ',"sequence":'], ["}"],
+                    [None], [None], [None], [None], [None],
+                )  # fmt: skip
+                self.written += 1
+                next_at += period
+                await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+        finally:
+            await conn.close()
+
+
 # --- wrk -----------------------------------------------------------------------------------
 
 
@@ -307,6 +448,7 @@ class Row:
     shape: Shape | None = None
     errbodies: list[str] = field(default_factory=list)
     label: str = ""
+    note: str = ""
 
     @property
     def result(self) -> WrkResult:
@@ -607,7 +749,7 @@ def report(
     for r in rows:
         res, m = r.result, r.m
         target = ""
-        if r.kind == "mix" and get_rps == get_rps and get_rps:
+        if r.kind in ("mix", "zipf") and get_rps == get_rps and get_rps:
             ratio = res.rps / get_rps
             target = f"{ratio:.2f}×get {'✓' if ratio >= MIX_TARGET else '✗'}"
         elif r.shape is not None and r.shape.target:
@@ -677,6 +819,20 @@ def report(
                     f"WARNING: the get_entry rows differ by {spread:.0%}: the machine was not"
                     " steady, the ratio is uncertain by as much"
                 )
+    for r in rows:
+        if r.kind != "zipf":
+            continue
+        res = r.result
+        answered = res.cache_hits + res.cache_misses
+        hit_rate = res.cache_hits / answered if answered else float("nan")
+        ratio = res.rps / get_rps if get_rps else float("nan")
+        p99 = res.percentile_ms(99)
+        print(
+            f"zipf mix: {r.note}.\n  cache hit rate {hit_rate:.1%} (X-Cache of {answered:,}"
+            f" answers); {res.rps:,.0f} req/s = {ratio:.2f} × get_entry"
+            f" ({'MET' if ratio >= MIX_TARGET else 'NOT MET'});"
+            f" p99 {p99:.1f} ms ({'MET' if p99 < P99_TARGET_MS else 'NOT MET'})"
+        )
     problems = [(r, r.result.problems()) for r in rows if r.result.problems()]
     bad_checks = [(name, p) for name, (_, p) in checks.items() if p]
     if problems or bad_checks:
@@ -803,6 +959,27 @@ def main_bench(args: argparse.Namespace) -> int:
         mix = runner.measure("mix", "mix", mix_file, args.duration)
         mix.label = f"mix ({len(shapes)})"
         runner.rows.append(mix)
+        if args.zipf_queries > 0:
+            population = zipf_population(args.zipf_queries)
+            draws = {"warm": 1, "run": 2}
+            files = {
+                name: write_lines(
+                    workdir / f"zipf-{name}.txt",
+                    zipf_requests(population, args.zipf_s, 50_000, seed=draw),
+                )
+                for name, draw in draws.items()
+            }
+            runner.warm("zipf", files["warm"], args.warmup)
+            with BackgroundWriter(url, args.zipf_writes) as writer:
+                zipf = runner.measure("zipf", "zipf", files["run"], args.duration)
+            zipf.label = "zipf mix"
+            zipf.note = (
+                f"{len(population):,} distinct queries (every shape, values from the seed's"
+                f" vocabulary), popularity Zipf s={args.zipf_s:g}, warmed {args.warmup:.0f}s by"
+                f" another draw; {writer.written} entries written meanwhile"
+                f" ({args.zipf_writes:g}/s, each clearing the cache)"
+            )
+            runner.rows.append(zipf)
         for shape in shapes:
             requests = write_lines(workdir / f"shape-{shape.name}.txt", shape.lines())
             runner.warm(shape.name, requests, args.shape_warmup)
@@ -895,6 +1072,21 @@ def main() -> int:
         "--shape-warmup", type=float, default=0.0, help="warm-up before each shape (0)"
     )
     parser.add_argument("--only", metavar="A,B", help="only these shapes (names in the table)")
+    parser.add_argument(
+        "--zipf-queries",
+        type=int,
+        default=10_000,
+        help="distinct queries of the zipf mix row (10000; 0 skips the row)",
+    )
+    parser.add_argument(
+        "--zipf-s", type=float, default=1.0, help="Zipf exponent of their popularity (1.0)"
+    )
+    parser.add_argument(
+        "--zipf-writes",
+        type=float,
+        default=2.0,
+        help="entry changes committed per second during the zipf row (2)",
+    )
     parser.add_argument(
         "--explain",
         choices=("missed", "all", "none"),

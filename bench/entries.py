@@ -395,6 +395,8 @@ class WrkResult:
     overrun: int = 0
     replayed: int = 0
     pool: int = 0
+    cache_hits: int = 0  # discovery answers with X-Cache: hit (bench/lua/discover.lua)
+    cache_misses: int = 0
     latency_us: dict[str, int] = field(default_factory=dict)  # p50, p99, mean, max, ...
     stdout: str = ""
 
@@ -452,6 +454,9 @@ def parse_wrk_output(path: Path) -> WrkResult:
             result.replayed += int(parts[2])
         elif tag == "pool":
             result.pool += int(parts[2])
+        elif tag == "cache":
+            result.cache_hits += int(parts[2])
+            result.cache_misses += int(parts[3])
         elif tag == "latency_us":
             result.latency_us[parts[1]] = int(parts[2])
     return result

@@ -7,10 +7,11 @@
 --                   i * (lines / threads), so a file of the variants of one query shape (or the
 --                   shuffled mix of every shape) is replayed in a steady rotation.
 --   BENCH_OUT       file that done() writes the results to (same format as bench/lua/entries.lua,
---                   read by bench.entries.parse_wrk_output, plus "errbody" lines)
+--                   read by bench.entries.parse_wrk_output, plus "errbody" and "cache" lines)
 --
 -- Every response's status is counted, so anything but 2xx shows up in the report; the first
--- non-2xx body of each thread is kept (one line, truncated) to say what went wrong.
+-- non-2xx body of each thread is kept (one line, truncated) to say what went wrong. The X-Cache
+-- header of discovery answers is counted too (hit or miss: the result cache as the server saw it).
 
 local threads = {}
 local started = 0
@@ -23,6 +24,8 @@ end
 
 function init(args)
    statuses = {}
+   cache_hits = 0
+   cache_misses = 0
    errbody = nil
    local lines = {}
    for line in io.lines(os.getenv("BENCH_REQUESTS")) do
@@ -60,6 +63,12 @@ end
 
 function response(status, headers, body)
    statuses[status] = (statuses[status] or 0) + 1
+   local cache = headers["x-cache"] or headers["X-Cache"]
+   if cache == "hit" then
+      cache_hits = cache_hits + 1
+   elseif cache == "miss" then
+      cache_misses = cache_misses + 1
+   end
    if (status < 200 or status > 299) and errbody == nil then
       errbody = string.format("%d %s", status, string.sub(string.gsub(body or "", "%s+", " "), 1, 300))
    end
@@ -77,6 +86,7 @@ function done(summary, latency, requests)
       for status, count in pairs(thread:get("statuses")) do
          out:write(string.format("status %d - %d %d\n", tid, status, count))
       end
+      out:write(string.format("cache %d %d %d\n", tid, thread:get("cache_hits"), thread:get("cache_misses")))
       local body = thread:get("errbody")
       if body then
          out:write(string.format("errbody %d %s\n", tid, body))
