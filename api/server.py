@@ -34,7 +34,7 @@ from registry.config import Config
 from registry.identity import DidKeyIdentity, IdentityResolver
 from registry.keys import load_or_create_key
 from registry.ratelimit import Rate
-from registry.service import FollowedCache, Registry, Served
+from registry.service import FollowedCache, Registry, ResultCache, Served
 from registry.store import SessionRecord
 from registry.store.embedded import EmbeddedPostgres
 from registry.store.migrate import migrate
@@ -47,15 +47,19 @@ async def follow_log(
     store: PgStore,
     entries: FollowedCache[str, Served],
     sessions: FollowedCache[bytes, SessionRecord] | None = None,
-    results: FollowedCache[str, str] | None = None,
+    results: ResultCache | None = None,
     *,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Keep the in-process caches true as changes commit (in any process on this database).
 
     Caching is on only while the follower is connected; a lost notification clears the caches.
+    Each entry change drops that entry's head and the discovery pages it can move: the follower
+    reads the versions before and after the change to know which (a backlog clears them all).
     """
-    caches: list[FollowedCache[Any, Any]] = [c for c in (entries, sessions, results) if c]
+    caches: list[FollowedCache[Any, Any]] = [
+        c for c in (entries, sessions, results) if c is not None
+    ]
     try:
         async with store.listen("registry_log", "registry_session") as notes:
             for cache in caches:
@@ -68,17 +72,36 @@ async def follow_log(
                     for cache in caches:
                         cache.clear()
                     continue
+                changes: list[tuple[int, str]] = []
                 for channel, payload in batch:
                     if channel == "registry_log":
-                        entries.invalidate(payload.partition(" ")[2])
-                        if results is not None:
-                            results.clear()  # any change may move any discovery result
+                        seq, _, did = payload.partition(" ")
+                        entries.invalidate(did)
+                        changes.append((int(seq), did))
                     elif sessions is not None:
                         sessions.invalidate(bytes.fromhex(payload))
+                if results is not None and changes:
+                    await _drop_moved_pages(store, results, changes)
     finally:
         for cache in caches:
             cache.enabled = False
             cache.clear()
+
+
+CHANGES_CHECKED_ONE_BY_ONE = 16  # a larger batch of changes clears the discovery cache
+
+
+async def _drop_moved_pages(
+    store: PgStore, results: ResultCache, changes: list[tuple[int, str]]
+) -> None:
+    results.touch()  # pages being computed now may predate these changes: not cached
+    if not len(results):
+        return
+    if len(changes) > CHANGES_CHECKED_ONE_BY_ONE:
+        results.clear()
+        return
+    for seq, did in changes:
+        results.entry_changed(await store.change_versions(did, seq))
 
 
 class DataDirInUse(Exception):

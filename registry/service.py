@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Generic, TypeVar
@@ -21,6 +21,7 @@ from registry.discovery import CursorCodec
 from registry.errors import Conflict, Forbidden, Invalid, NotFound, Unauthorized
 from registry.identity import IdentityResolver
 from registry.keys import SigningKey
+from registry.matching import facts_of, may_match
 from registry.models import ChallengeRequest, VerifyRequest, validate_model
 from registry.query import RegistryQuery
 from registry.signin import (
@@ -114,12 +115,35 @@ class FollowedCache(Generic[K, V]):
         self.epoch += 1
         self._items.pop(key, None)
 
+    def touch(self) -> None:
+        """A change committed: reads in flight may predate it, so their fills are dropped."""
+        self.epoch += 1
+
+    def invalidate_where(self, stale: Callable[[K, V], bool]) -> None:
+        self.epoch += 1
+        for key in [k for k, v in self._items.items() if stale(k, v)]:
+            del self._items[key]
+
+    def __len__(self) -> int:
+        return len(self._items)
+
     def clear(self) -> None:
         self.epoch += 1
         self._items.clear()
 
     def statistics(self) -> dict[str, int]:
         return {"size": len(self._items), "epoch": self.epoch, "enabled": int(self.enabled)}
+
+
+class ResultCache(FollowedCache[str, tuple[RegistryQuery, str]]):
+    """Discovery pages by query. An entry change drops only the pages whose query the entry may
+    match before or after it (`registry.matching`): any other page is provably unchanged."""
+
+    def entry_changed(self, versions: Sequence[str]) -> None:
+        """`versions`: the entry's stored documents just before and after the change (a new
+        entry has only the latter)."""
+        facts = [facts_of(doc) for doc in versions]
+        self.invalidate_where(lambda _key, page: any(may_match(page[0], f) for f in facts))
 
 
 class Registry:
@@ -145,10 +169,8 @@ class Registry:
         self.cursors = CursorCodec(key.seed)
         self.cache: FollowedCache[str, Served] = FollowedCache()  # entry DID → head
         self.sessions: FollowedCache[bytes, SessionRecord] = FollowedCache()  # token hash
-        # Discovery pages by query: any committed change clears them all.
-        self.results: FollowedCache[str, str] = FollowedCache(
-            max(1, config.limits.discover_cache_entries)
-        )
+        # Discovery pages by query, dropped by the changes that can move them.
+        self.results = ResultCache(max(1, config.limits.discover_cache_entries))
 
     @property
     def did(self) -> str:
@@ -166,7 +188,9 @@ class Registry:
                 code="entry_invalid",
                 details={"field": "lifecycleStatus"},
             )
-        return await self._write("entry.created", entry, expected_head=None, status=201, idem=idem)
+        return await self._write(
+            "entry.created", entry, expected_head=None, status=201, idem=idem, previous=None
+        )
 
     async def update_entry(
         self, principal: Principal, did: str, data: Any, idem: IdemKey | None
@@ -197,7 +221,12 @@ class Registry:
             )
         entry_rules.check_move(head.lifecycle, entry.lifecycle)
         return await self._write(
-            "entry.updated", entry, expected_head=head.head_seq, status=200, idem=idem
+            "entry.updated",
+            entry,
+            expected_head=head.head_seq,
+            status=200,
+            idem=idem,
+            previous=head.doc,
         )
 
     async def delete_entry(self, principal: Principal, did: str, idem: IdemKey | None) -> Served:
@@ -226,7 +255,7 @@ class Registry:
             suffix="}",
             status=200,
         )
-        return self._served(did, *await self.write_entry(write, idem))
+        return self._served(did, head.doc, *await self.write_entry(write, idem))
 
     async def get_entry(self, did: str) -> Served:
         cached = self.cache.get(did)
@@ -293,7 +322,9 @@ class Registry:
         expected_head: int | None,
         status: int,
         idem: IdemKey | None,
+        previous: str | None,
     ) -> Served:
+        """Write a version of `entry`; `previous` is the head it replaces (None: a new entry)."""
         at = rfc3339(self.clock_ms())
         form = entry_rules.stored_form(
             entry.doc, updated_at=at, signature_created=at, members=entry.members
@@ -309,14 +340,18 @@ class Registry:
             suffix=form.suffix,
             status=status,
         )
-        return self._served(entry.did, *await self.write_entry(write, idem))
+        return self._served(entry.did, previous, *await self.write_entry(write, idem))
 
-    def _served(self, did: str, seq: int | None, doc: str, replayed: int | None) -> Served:
+    def _served(
+        self, did: str, previous: str | None, seq: int | None, doc: str, replayed: int | None
+    ) -> Served:
         if seq is None:
             assert replayed is not None
             return Served(0, doc, replayed)
+        # At once, so this process reads its own write; the log follower does the same for
+        # every process when the change's notification arrives.
         self.cache.invalidate(did)
-        self.results.clear()
+        self.results.entry_changed([doc] if previous is None else [previous, doc])
         return Served(seq, doc)
 
     # --- discovery ----------------------------------------------------------------------
@@ -333,11 +368,11 @@ class Registry:
         if caching:
             cached = self.results.get(key)
             if cached is not None:
-                return cached, True
+                return cached[1], True
         epoch = self.results.epoch
         body = await self._discover(query)
         if caching:
-            self.results.put(key, body, epoch)
+            self.results.put(key, (query, body), epoch)
         return body, False
 
     async def _discover(self, query: RegistryQuery) -> str:

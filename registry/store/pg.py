@@ -217,6 +217,18 @@ class PgStore:
         )
 
     @_seam
+    async def change_versions(self, entry_did: str, seq: int) -> list[str]:
+        """The entry's stored documents just before and at version `seq` (one for a new entry),
+        oldest first: what a change at `seq` replaced and what it wrote."""
+        rows = await self._pool.fetch(
+            "SELECT doc FROM entry_versions WHERE entry_did = $1 AND seq <= $2"
+            " ORDER BY seq DESC LIMIT 2",
+            entry_did,
+            seq,
+        )
+        return [r["doc"] for r in reversed(rows)]
+
+    @_seam
     async def list_versions(
         self, entry_did: str, before_seq: int | None, limit: int
     ) -> tuple[list[str], int]:

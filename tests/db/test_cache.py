@@ -7,6 +7,7 @@ import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import pytest
@@ -76,7 +77,7 @@ async def test_change_from_another_process_invalidates_and_lost_listener_disable
 
             async with trio.open_nursery() as nursery:
                 await nursery.start(follower)
-                assert mine.cache.enabled
+                assert mine.cache.enabled, failure
                 assert (await mine.get_entry(did)).sequence == created.sequence
                 assert mine.cache.get(did) is not None  # served from memory from now on
 
@@ -131,35 +132,65 @@ async def test_logout_in_another_process_revokes_a_cached_session(
                 nursery.cancel_scope.cancel()
 
 
-async def test_discovery_results_are_cached_until_any_change_commits(
+async def test_a_change_drops_exactly_the_discovery_pages_it_can_move(
     database_url: str, tmp_path: Path
 ) -> None:
+    """Pages are dropped by the changes whose entry matches their query before or after, from
+    any process (via the log follower) and at once for this process's own writes; the others
+    stay cached."""
     from registry.discovery import parse_discover_request
 
     key = SigningKey.generate()
-    tag = f"cache-{key.did[-8:]}"
+    tag, elsewhere = f"cache-{key.did[-8:]}", f"other-{key.did[-8:]}"
     with trio.fail_after(30):
         async with two_processes(database_url, tmp_path, key) as (store, mine, other):
-            query = parse_discover_request({"tags": [tag]})
-            cleared = trio.Event()
-            plain_clear = mine.results.clear
+            ours = parse_discover_request({"tags": [tag]})
+            theirs = parse_discover_request({"tags": [elsewhere]})
+            handled: set[int] = set()  # sequences whose change our follower has handled
+            progress = trio.Event()
+            plain = mine.results.entry_changed
 
-            def spy() -> None:
-                plain_clear()
-                cleared.set()
+            def spy(versions: Any) -> None:
+                nonlocal progress
+                plain(versions)
+                handled.add(json.loads(versions[-1])["sequence"])
+                progress.set()
+                progress = trio.Event()
 
-            mine.results.clear = spy  # type: ignore[method-assign]
+            mine.results.entry_changed = spy  # type: ignore[method-assign]
+
+            async def settle(change: Any) -> Any:
+                """Run a change in the other process; wait until our follower handled it."""
+                result = await change
+                while result.sequence not in handled:
+                    await progress.wait()
+                return result
+
             async with trio.open_nursery() as nursery:
                 await nursery.start(follow_log, store, mine.cache, mine.sessions, mine.results)
-                first = json.loads(await mine.discover(query))
-                assert first["totalCount"] == 0
-                assert mine.results.get(repr(query)) is not None  # cached
-                cleared = trio.Event()
-                await other.create_entry(_principal(key), signed_entry(key, tags=[tag]), None)
-                await cleared.wait()  # the other process's commit cleared our results
-                second = json.loads(await mine.discover(query))
-                assert second["totalCount"] == 1
-                # A local write clears at once, before any notification arrives.
+                assert json.loads(await mine.discover(ours))["totalCount"] == 0
+                assert json.loads(await mine.discover(theirs))["totalCount"] == 0
+                assert mine.results.get(repr(ours)) is not None  # cached
+
+                entry = signed_entry(key, tags=[tag])
+                created = await settle(other.create_entry(_principal(key), entry, None))
+                assert mine.results.get(repr(ours)) is None  # it may move this page
+                assert mine.results.get(repr(theirs)) is not None  # provably not this one
+                assert json.loads(await mine.discover(ours))["totalCount"] == 1
+
+                # This process's own write drops the page at once, before any notification.
                 await mine.create_entry(_principal(key), signed_entry(key, tags=[tag]), None)
-                assert json.loads(await mine.discover(query))["totalCount"] == 2
+                assert mine.results.get(repr(ours)) is None
+                assert json.loads(await mine.discover(ours))["totalCount"] == 2
+                assert mine.results.get(repr(theirs)) is not None
+
+                # An entry leaving the results (its tags change) drops the page too.
+                moved = signed_entry(
+                    key, entry["entryDid"], tags=[elsewhere], sequence=created.sequence
+                )
+                await settle(other.update_entry(_principal(key), entry["entryDid"], moved, None))
+                assert mine.results.get(repr(ours)) is None
+                assert mine.results.get(repr(theirs)) is None  # and it entered this one
+                assert json.loads(await mine.discover(ours))["totalCount"] == 1
+                assert json.loads(await mine.discover(theirs))["totalCount"] == 1
                 nursery.cancel_scope.cancel()

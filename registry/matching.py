@@ -1,0 +1,276 @@
+"""Whether one entry can match a `RegistryQuery`: what keeps cached discovery pages valid.
+
+A change to entry E leaves a discovery result untouched when E matches the query neither before
+nor after the change: the set of matching entries and their sort keys are then the same, so are
+the page and the count. `may_match` answers False only when that is certain from E's stored
+document, with the semantics of the SQL compiler (`registry/store/discover.py`) over the columns
+`entry_projection` derives (migration 0002). Whatever Python cannot decide exactly as
+PostgreSQL does is "maybe" (True): full-text MATCH (stemming), substring tests on non-ASCII text
+(`lower()` may differ), `<`/`>` on text in the database's collation, dates PostgreSQL would parse
+differently, JSON values other than strings, integers and booleans.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from registry.models import parse_datetime
+from registry.query import (
+    ALL_TYPES,
+    LIFECYCLE_DEFAULT_EXCLUDES,
+    METADATA_PREFIX,
+    And,
+    Compare,
+    Contains,
+    Expr,
+    HasRelationship,
+    InList,
+    Match,
+    Not,
+    Or,
+    RegistryQuery,
+    Value,
+    mentions,
+)
+
+Maybe = bool | None  # True, False, or None: cannot tell
+
+
+@dataclass(frozen=True)
+class Facts:
+    """The searchable projection of one stored document, as `entry_projection` computes it."""
+
+    entry_did: str
+    entry_type: str
+    publisher_did: str
+    lifecycle: str
+    sequence: int | None
+    name: str
+    description: str
+    version: str
+    tags: tuple[Any, ...]
+    service_types: frozenset[Any]
+    relationships: tuple[Any, ...]
+    custom_metadata: dict[str, Any]
+    published_at: datetime | None  # None: absent or unparseable (PostgreSQL would decide)
+    updated_at: datetime | None
+
+
+def facts_of(doc: str) -> Facts | None:
+    """The facts of a stored document; None when it is not a JSON object (then: maybe)."""
+    try:
+        data = json.loads(doc)
+    except ValueError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    tags = data.get("tags")
+    endpoints = data.get("serviceEndpoints")
+    relationships = data.get("relationships")
+    metadata = data.get("customMetadata")
+    sequence = data.get("sequence")
+    return Facts(
+        entry_did=_text(data.get("entryDid")),
+        entry_type=_text(data.get("entryType")),
+        publisher_did=_text(data.get("publisherDid")),
+        lifecycle=_text(data.get("lifecycleStatus")) or "draft",
+        sequence=sequence if isinstance(sequence, int) else None,
+        name=_text(data.get("name")),
+        description=_text(data.get("description")),
+        version=_text(data.get("version")),
+        tags=tuple(tags) if isinstance(tags, list) else (),
+        service_types=frozenset(
+            e["type"]
+            for e in (endpoints if isinstance(endpoints, list) else ())
+            if isinstance(e, dict) and e.get("type") is not None
+        ),
+        relationships=tuple(relationships) if isinstance(relationships, list) else (),
+        custom_metadata=metadata if isinstance(metadata, dict) else {},
+        published_at=_moment(data.get("publishedAt")),
+        updated_at=_moment(data.get("updatedAt")),
+    )
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _moment(value: Any) -> datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return parse_datetime(value)
+    except ValueError:
+        return None
+
+
+def may_match(query: RegistryQuery, facts: Facts | None) -> bool:
+    """False only if the entry certainly does not match `query`'s filters."""
+    if facts is None:
+        return True
+    return (
+        _all(
+            [
+                facts.lifecycle != "deleted",
+                query.entry_type == ALL_TYPES or facts.entry_type == query.entry_type,
+                query.service_type is None or query.service_type in facts.service_types,
+                mentions(query.where, "lifecycleStatus")
+                or facts.lifecycle not in LIFECYCLE_DEFAULT_EXCLUDES,
+                True if query.where is None else _eval(query.where, facts),
+            ]
+        )
+        is not False
+    )
+
+
+def _all(values: list[Maybe]) -> Maybe:
+    if any(v is False for v in values):
+        return False
+    return True if all(v is True for v in values) else None
+
+
+def _any(values: list[Maybe]) -> Maybe:
+    if any(v is True for v in values):
+        return True
+    return False if all(v is False for v in values) else None
+
+
+def _not(value: Maybe) -> Maybe:
+    return None if value is None else not value
+
+
+def _eval(expr: Expr, f: Facts) -> Maybe:
+    if isinstance(expr, And):
+        return _all([_eval(e, f) for e in expr.exprs])
+    if isinstance(expr, Or):
+        return _any([_eval(e, f) for e in expr.exprs])
+    if isinstance(expr, Not):
+        return _not(_eval(expr.expr, f))
+    if isinstance(expr, Match):
+        return None
+    if isinstance(expr, HasRelationship):
+        wanted = {"relationshipType": expr.relationship_type, "targetDid": expr.target_did}
+        return _has_relationship(f, {k: v for k, v in wanted.items() if v is not None})
+    if isinstance(expr, Compare):
+        result = _equals(expr.field, expr.value, f) if expr.op in ("=", "!=") else None
+        if expr.op == "!=":
+            return _not(result)
+        if expr.op == "=":
+            return result
+        return _order(expr.field, expr.op, expr.value, f)
+    if isinstance(expr, InList):
+        return _any([_equals(expr.field, v, f) for v in expr.values])
+    if isinstance(expr, Contains):
+        if expr.field in ("tags", "serviceType"):
+            return _equals(expr.field, expr.value, f)
+        text = f.name if expr.field == "name" else f.description
+        if not isinstance(expr.value, str) or not (text.isascii() and expr.value.isascii()):
+            return None
+        return expr.value.lower() in text.lower()
+    return None
+
+
+def _equals(field: str, value: Value, f: Facts) -> Maybe:
+    """`field = value` (for tags and service types: contains `value`)."""
+    if field.startswith(METADATA_PREFIX):
+        key = field[len(METADATA_PREFIX) :]
+        if key not in f.custom_metadata:
+            return False
+        return _same_json(f.custom_metadata[key], value)
+    if field == "tags":
+        return _member(value, f.tags)
+    if field == "serviceType":
+        return _member(value, tuple(f.service_types))
+    if field.startswith("relationships."):
+        return _has_relationship(f, {field.split(".", 1)[1]: value})
+    column = _column(field, f)
+    if column is _UNKNOWN:
+        return None
+    if isinstance(column, datetime):
+        moment = _moment(value)
+        return None if moment is None else column == moment
+    if isinstance(column, bool) or isinstance(value, bool):
+        return None
+    if isinstance(column, int) and isinstance(value, int):
+        return column == value
+    if isinstance(column, str) and isinstance(value, str):
+        return column == value
+    return None
+
+
+def _order(field: str, op: str, value: Value, f: Facts) -> Maybe:
+    column = _column(field, f)
+    if isinstance(column, datetime):
+        moment = _moment(value)
+        if moment is None:
+            return None
+        return _compare(column, op, moment)
+    if field == "sequence" and isinstance(column, int) and type(value) is int:
+        return _compare(column, op, value)
+    if field == "name" and isinstance(value, str):  # COLLATE "C": code point order
+        return _compare(f.name, op, value)
+    return None  # other text orders follow the database's collation
+
+
+def _compare(left: Any, op: str, right: Any) -> bool:
+    if op == "<":
+        return bool(left < right)
+    if op == ">":
+        return bool(left > right)
+    if op == "<=":
+        return bool(left <= right)
+    return bool(left >= right)
+
+
+_UNKNOWN = object()
+
+
+def _column(field: str, f: Facts) -> Any:
+    columns: dict[str, Any] = {
+        "entryDid": f.entry_did,
+        "entryType": f.entry_type,
+        "name": f.name,
+        "version": f.version,
+        "publisherDid": f.publisher_did,
+        "lifecycleStatus": f.lifecycle,
+        "publishedAt": f.published_at,
+        "updatedAt": f.updated_at,
+        "sequence": f.sequence,
+    }
+    value = columns.get(field, _UNKNOWN)
+    return _UNKNOWN if value is None else value
+
+
+def _simple(value: Any) -> bool:
+    return isinstance(value, str | bool) or (isinstance(value, int) and not isinstance(value, bool))
+
+
+def _same_json(stored: Any, value: Value) -> Maybe:
+    """jsonb equality of two scalars, when both are strings, booleans or integers."""
+    if not (_simple(stored) and _simple(value)):
+        return None
+    return type(stored) is type(value) and stored == value
+
+
+def _member(value: Value, items: tuple[Any, ...]) -> Maybe:
+    if not isinstance(value, str):
+        return None
+    if value in items:
+        return True
+    return False if all(isinstance(i, str) for i in items) else None
+
+
+def _has_relationship(f: Facts, wanted: dict[str, Value]) -> Maybe:
+    """Some relationship element contains every member of `wanted` (jsonb containment)."""
+    results: list[Maybe] = []
+    for element in f.relationships:
+        if not isinstance(element, dict):
+            results.append(None)
+            continue
+        results.append(
+            _all([_same_json(element[k], v) if k in element else False for k, v in wanted.items()])
+        )
+    return _any(results)
