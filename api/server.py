@@ -33,6 +33,7 @@ from api.identity import HttpIdentityResolver
 from registry.config import Config
 from registry.identity import DidKeyIdentity, IdentityResolver
 from registry.keys import load_or_create_key
+from registry.matching import facts_of
 from registry.ratelimit import Rate
 from registry.service import FollowedCache, Registry, ResultCache, Served
 from registry.store import SessionRecord
@@ -101,7 +102,11 @@ async def _drop_moved_pages(
         results.clear()
         return
     for seq, did in changes:
-        results.entry_changed(await store.change_versions(did, seq))
+        texts = sorted(results.match_texts())
+        versions = await store.change_versions(did, seq, texts)
+        results.entry_changed(
+            [facts_of(doc, asked=texts, matched=matched) for doc, matched in versions]
+        )
 
 
 class DataDirInUse(Exception):

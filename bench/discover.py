@@ -977,7 +977,7 @@ def main_bench(args: argparse.Namespace) -> int:
                 f"{len(population):,} distinct queries (every shape, values from the seed's"
                 f" vocabulary), popularity Zipf s={args.zipf_s:g}, warmed {args.warmup:.0f}s by"
                 f" another draw; {writer.written} entries written meanwhile"
-                f" ({args.zipf_writes:g}/s, each clearing the cache)"
+                f" ({args.zipf_writes:g}/s, each dropping the cached pages it can move)"
             )
             runner.rows.append(zipf)
         for shape in shapes:

@@ -4,8 +4,9 @@ A change to entry E leaves a discovery result untouched when E matches the query
 nor after the change: the set of matching entries and their sort keys are then the same, so are
 the page and the count. `may_match` answers False only when that is certain from E's stored
 document, with the semantics of the SQL compiler (`registry/store/discover.py`) over the columns
-`entry_projection` derives (migration 0002). Whatever Python cannot decide exactly as
-PostgreSQL does is "maybe" (True): full-text MATCH (stemming), substring tests on non-ASCII text
+`entry_projection` derives (migration 0002). Full-text MATCH is decided by the database when it
+was asked (`facts_of(..., asked=, matched=)`). Whatever else Python cannot decide exactly as
+PostgreSQL does is "maybe" (True): MATCH not asked about (stemming), substrings of non-ASCII text
 (`lower()` may differ), `<`/`>` on text in the database's collation, dates PostgreSQL would parse
 differently, JSON values other than strings, integers and booleans.
 """
@@ -13,6 +14,7 @@ differently, JSON values other than strings, integers and booleans.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -57,10 +59,15 @@ class Facts:
     custom_metadata: dict[str, Any]
     published_at: datetime | None  # None: absent or unparseable (PostgreSQL would decide)
     updated_at: datetime | None
+    # The MATCH texts the database found this version to match, among those it was asked
+    # about (`asked`); any other text: maybe.
+    matched: frozenset[str] = frozenset()
+    asked: frozenset[str] = frozenset()
 
 
-def facts_of(doc: str) -> Facts | None:
-    """The facts of a stored document; None when it is not a JSON object (then: maybe)."""
+def facts_of(doc: str, *, asked: Iterable[str] = (), matched: Iterable[str] = ()) -> Facts | None:
+    """The facts of a stored document; None when it is not a JSON object (then: maybe).
+    `asked`: MATCH texts the database tested against this version, `matched` those it matched."""
     try:
         data = json.loads(doc)
     except ValueError:
@@ -91,7 +98,20 @@ def facts_of(doc: str) -> Facts | None:
         custom_metadata=metadata if isinstance(metadata, dict) else {},
         published_at=_moment(data.get("publishedAt")),
         updated_at=_moment(data.get("updatedAt")),
+        matched=frozenset(matched),
+        asked=frozenset(asked),
     )
+
+
+def match_texts_in(expr: Expr | None) -> set[str]:
+    """Every MATCH text of the expression, under NOT too."""
+    if isinstance(expr, Match):
+        return {expr.text}
+    if isinstance(expr, Not):
+        return match_texts_in(expr.expr)
+    if isinstance(expr, And | Or):
+        return {t for e in expr.exprs for t in match_texts_in(e)}
+    return set()
 
 
 def _text(value: Any) -> str:
@@ -150,7 +170,7 @@ def _eval(expr: Expr, f: Facts) -> Maybe:
     if isinstance(expr, Not):
         return _not(_eval(expr.expr, f))
     if isinstance(expr, Match):
-        return None
+        return (expr.text in f.matched) if expr.text in f.asked else None
     if isinstance(expr, HasRelationship):
         wanted = {"relationshipType": expr.relationship_type, "targetDid": expr.target_did}
         return _has_relationship(f, {k: v for k, v in wanted.items() if v is not None})

@@ -21,7 +21,7 @@ from registry.discovery import CursorCodec
 from registry.errors import Conflict, Forbidden, Invalid, NotFound, Unauthorized
 from registry.identity import IdentityResolver
 from registry.keys import SigningKey
-from registry.matching import facts_of, may_match
+from registry.matching import Facts, facts_of, match_texts_in, may_match
 from registry.models import ChallengeRequest, VerifyRequest, validate_model
 from registry.query import RegistryQuery
 from registry.signin import (
@@ -139,11 +139,14 @@ class ResultCache(FollowedCache[str, tuple[RegistryQuery, str]]):
     """Discovery pages by query. An entry change drops only the pages whose query the entry may
     match before or after it (`registry.matching`): any other page is provably unchanged."""
 
-    def entry_changed(self, versions: Sequence[str]) -> None:
-        """`versions`: the entry's stored documents just before and after the change (a new
-        entry has only the latter)."""
-        facts = [facts_of(doc) for doc in versions]
-        self.invalidate_where(lambda _key, page: any(may_match(page[0], f) for f in facts))
+    def entry_changed(self, versions: Sequence[Facts | None]) -> None:
+        """`versions`: the facts of the entry's stored documents just before and after the
+        change (a new entry has only the latter)."""
+        self.invalidate_where(lambda _key, page: any(may_match(page[0], f) for f in versions))
+
+    def match_texts(self) -> set[str]:
+        """The MATCH texts of the cached queries (the database decides those per change)."""
+        return {t for query, _ in self._items.values() for t in match_texts_in(query.where)}
 
 
 class Registry:
@@ -351,7 +354,8 @@ class Registry:
         # At once, so this process reads its own write; the log follower does the same for
         # every process when the change's notification arrives.
         self.cache.invalidate(did)
-        self.results.entry_changed([doc] if previous is None else [previous, doc])
+        versions = [doc] if previous is None else [previous, doc]
+        self.results.entry_changed([facts_of(v) for v in versions])
         return Served(seq, doc)
 
     # --- discovery ----------------------------------------------------------------------

@@ -217,16 +217,23 @@ class PgStore:
         )
 
     @_seam
-    async def change_versions(self, entry_did: str, seq: int) -> list[str]:
+    async def change_versions(
+        self, entry_did: str, seq: int, texts: list[str]
+    ) -> list[tuple[str, list[str]]]:
         """The entry's stored documents just before and at version `seq` (one for a new entry),
-        oldest first: what a change at `seq` replaced and what it wrote."""
+        oldest first: what a change at `seq` replaced and what it wrote; each with those of the
+        full-text `texts` it matches (by the projection discovery searches)."""
         rows = await self._pool.fetch(
-            "SELECT doc FROM entry_versions WHERE entry_did = $1 AND seq <= $2"
-            " ORDER BY seq DESC LIMIT 2",
+            "SELECT v.doc, ARRAY(SELECT t FROM unnest($3::text[]) AS t"
+            "  WHERE p.search @@ websearch_to_tsquery('english', t)) AS matched"
+            " FROM (SELECT seq, doc FROM entry_versions WHERE entry_did = $1 AND seq <= $2"
+            "       ORDER BY seq DESC LIMIT 2) AS v, LATERAL entry_projection(v.doc) AS p"
+            " ORDER BY v.seq",
             entry_did,
             seq,
+            texts,
         )
-        return [r["doc"] for r in reversed(rows)]
+        return [(r["doc"], list(r["matched"])) for r in rows]
 
     @_seam
     async def list_versions(

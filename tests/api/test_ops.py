@@ -149,9 +149,11 @@ async def test_a_backlog_of_changes_clears_the_discovery_cache_without_reading_t
         def __init__(self) -> None:
             self.read: list[tuple[str, int]] = []
 
-        async def change_versions(self, did: str, seq: int) -> list[str]:
+        async def change_versions(
+            self, did: str, seq: int, texts: list[str]
+        ) -> list[tuple[str, list[str]]]:
             self.read.append((did, seq))
-            return ['{"entryDid": "did:web:x", "lifecycleStatus": "deleted"}']
+            return [('{"entryDid": "did:web:x", "lifecycleStatus": "deleted"}', [])]
 
     results = ResultCache(10)
     results.enabled = True

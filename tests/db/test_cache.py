@@ -146,6 +146,10 @@ async def test_a_change_drops_exactly_the_discovery_pages_it_can_move(
         async with two_processes(database_url, tmp_path, key) as (store, mine, other):
             ours = parse_discover_request({"tags": [tag]})
             theirs = parse_discover_request({"tags": [elsewhere]})
+            # Full text is decided by the database for the follower: the entries written here
+            # are named "Helpful agent" (tests.helpers.entry_template).
+            named = parse_discover_request({"text": "agent", "tags": [tag]})
+            unrelated = parse_discover_request({"text": "xylophone"})
             handled: set[int] = set()  # sequences whose change our follower has handled
             progress = trio.Event()
             plain = mine.results.entry_changed
@@ -153,7 +157,7 @@ async def test_a_change_drops_exactly_the_discovery_pages_it_can_move(
             def spy(versions: Any) -> None:
                 nonlocal progress
                 plain(versions)
-                handled.add(json.loads(versions[-1])["sequence"])
+                handled.add(versions[-1].sequence)
                 progress.set()
                 progress = trio.Event()
 
@@ -170,13 +174,18 @@ async def test_a_change_drops_exactly_the_discovery_pages_it_can_move(
                 await nursery.start(follow_log, store, mine.cache, mine.sessions, mine.results)
                 assert json.loads(await mine.discover(ours))["totalCount"] == 0
                 assert json.loads(await mine.discover(theirs))["totalCount"] == 0
+                assert json.loads(await mine.discover(named))["totalCount"] == 0
+                await mine.discover(unrelated)
                 assert mine.results.get(repr(ours)) is not None  # cached
 
                 entry = signed_entry(key, tags=[tag])
                 created = await settle(other.create_entry(_principal(key), entry, None))
                 assert mine.results.get(repr(ours)) is None  # it may move this page
+                assert mine.results.get(repr(named)) is None  # it matches "agent"
                 assert mine.results.get(repr(theirs)) is not None  # provably not this one
+                assert mine.results.get(repr(unrelated)) is not None  # nor "xylophone"
                 assert json.loads(await mine.discover(ours))["totalCount"] == 1
+                assert json.loads(await mine.discover(named))["totalCount"] == 1
 
                 # This process's own write drops the page at once, before any notification.
                 await mine.create_entry(_principal(key), signed_entry(key, tags=[tag]), None)

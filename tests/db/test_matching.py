@@ -22,7 +22,7 @@ import pytest
 
 from bench.seed import SERVICE_TYPES, TEAMS, WORDS, seed
 from registry.discovery import parse_discover_request
-from registry.matching import facts_of, may_match
+from registry.matching import facts_of, match_texts_in, may_match
 from registry.query import RegistryQuery
 from registry.registryql import parse_registryql
 from registry.store.discover import compile_discover
@@ -34,7 +34,7 @@ TAGS = [*WORDS[:12], "tag-3", "tag-17", "tag-150"]
 
 
 def _queries() -> list[tuple[str, RegistryQuery, bool]]:
-    """(label, query, whether Python decides it exactly)."""
+    """(label, query, whether Python decides it exactly, given the database's MATCH answers)."""
     rng = random.Random(42)
     out: list[tuple[str, RegistryQuery, bool]] = []
 
@@ -52,7 +52,8 @@ def _queries() -> list[tuple[str, RegistryQuery, bool]]:
     body({"metadata": {"team": "team-7", "tier": 1}})
     body({"publishedAfter": "2026-10-01T00:00:00Z", "publishedBefore": "2026-10-20T00:00:00Z"})
     body({"updatedAfter": "2026-06-01T00:00:00Z"})
-    body({"text": "invoice"}, exact=False)
+    body({"text": "invoice"})
+    body({"text": "summarize -legal", "anyTags": ["tag-3", "finance"]})
     rql("DISCOVER * WHERE name CONTAINS 'invoice agent 1'")
     rql("DISCOVER * WHERE description CONTAINS 'for legal'")
     rql("DISCOVER * WHERE name CONTAINS 'INVOICE' OR description CONTAINS 'an AGENT that can'")
@@ -67,8 +68,9 @@ def _queries() -> list[tuple[str, RegistryQuery, bool]]:
     rql("DISCOVER * WHERE relationships.targetDid IN ('did:web:base:0', 'did:web:base:60')")
     rql("DISCOVER * WHERE publisherDid = 'did:key:z6MkPublisher0042'")
     rql("DISCOVER * WHERE publishedAt > '2026-09-01T00:00:00+02:00'")
-    rql("DISCOVER * WHERE MATCH 'legal' AND tags CONTAINS 'tag-3'", exact=False)
-    rql("DISCOVER * WHERE NOT MATCH 'legal' OR serviceType = 'SSE'", exact=False)
+    rql("DISCOVER * WHERE MATCH 'legal' AND tags CONTAINS 'tag-3'")
+    rql("DISCOVER * WHERE NOT MATCH 'legal' OR serviceType = 'SSE'")
+    rql("DISCOVER * WHERE MATCH '\"invoice agent\" or audits' OR MATCH 'tutoring'")
     for _ in range(60):
         a, b, c = rng.sample(TAGS, 3)
         kind = rng.choice(["*", "AgentDefinition", "ToolDefinition"])
@@ -145,6 +147,23 @@ async def _sql_matches(url: str, query: RegistryQuery) -> set[str]:
     return {r["entry_did"] for r in rows}
 
 
+async def _full_text(url: str, texts: list[str]) -> dict[str, list[str]]:
+    """For each entry, which of `texts` its stored document matches, as the log follower asks
+    (PgStore.change_versions): by the projection discovery searches."""
+    conn = await asyncpg.connect(url)
+    try:
+        rows = await conn.fetch(
+            "SELECT e.entry_did, ARRAY(SELECT t FROM unnest($1::text[]) AS t"
+            "  WHERE p.search @@ websearch_to_tsquery('english', t)) AS matched"
+            " FROM entries AS e JOIN entry_versions AS v ON v.seq = e.head_seq,"
+            " LATERAL entry_projection(v.doc) AS p",
+            texts,
+        )
+    finally:
+        await conn.close()
+    return {r["entry_did"]: list(r["matched"]) for r in rows}
+
+
 QUERIES = _queries()
 
 
@@ -153,14 +172,17 @@ def test_may_match_never_denies_a_sql_match(seeded: tuple[str, dict[str, str]], 
     url, docs = seeded
     label, query, exact = QUERIES[index]
     matches = asyncio.run(_sql_matches(url, query))
-    denied = [did for did in matches if not may_match(query, facts_of(docs[did]))]
-    assert not denied, f"{label}: may_match says no to SQL matches {denied[:3]}"
+    texts = sorted(match_texts_in(query.where))
+    answers = asyncio.run(_full_text(url, texts)) if texts else {}
+    told = {
+        did: facts_of(doc, asked=texts, matched=answers.get(did, ())) for did, doc in docs.items()
+    }
+    untold = {did: facts_of(doc) for did, doc in docs.items()}
+    for facts in (told, untold):
+        denied = [did for did in matches if not may_match(query, facts[did])]
+        assert not denied, f"{label}: may_match says no to SQL matches {denied[:3]}"
     if exact:
-        extra = [
-            did
-            for did, doc in docs.items()
-            if did not in matches and may_match(query, facts_of(doc))
-        ]
+        extra = [did for did in docs if did not in matches and may_match(query, told[did])]
         assert not extra, f"{label}: may_match says maybe to non-matches {extra[:3]}"
 
 
