@@ -753,3 +753,16 @@ def test_any_text_parses_or_fails_cleanly(tail: str) -> None:
         result = outcome(text)
         if isinstance(result, Invalid):
             assert_clean_failure(text, result)
+
+
+def test_parses_are_remembered_but_errors_are_raised_every_time() -> None:
+    from registry.registryql import MEMO_TEXT_CHARS
+
+    text = "DISCOVER * WHERE tags CONTAINS 'memo' LIMIT 5"
+    assert parse_registryql(text) is parse_registryql(text)
+    for _ in range(2):
+        with pytest.raises(Invalid):
+            parse_registryql("DISCOVER * WHERE")
+    long = "DISCOVER * WHERE name = '" + "x" * MEMO_TEXT_CHARS + "'"
+    assert parse_registryql(long) == parse_registryql(long)
+    assert parse_registryql(long) is not parse_registryql(long)  # too long to remember
