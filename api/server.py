@@ -89,7 +89,7 @@ async def follow_log(
             cache.clear()
 
 
-CHANGES_CHECKED_ONE_BY_ONE = 16  # a larger batch of changes clears the discovery cache
+CHANGES_CHECKED_AT_ONCE = 64  # a larger batch of changes clears the discovery cache
 
 
 async def _drop_moved_pages(
@@ -98,15 +98,17 @@ async def _drop_moved_pages(
     results.touch()  # pages being computed now may predate these changes: not cached
     if not len(results):
         return
-    if len(changes) > CHANGES_CHECKED_ONE_BY_ONE:
+    if len(changes) > CHANGES_CHECKED_AT_ONCE:
         results.clear()
         return
-    for seq, did in changes:
-        texts = sorted(results.match_texts())
-        versions = await store.change_versions(did, seq, texts)
-        results.entry_changed(
-            [facts_of(doc, asked=texts, matched=matched) for doc, matched in versions]
-        )
+    texts = sorted(results.match_texts())
+    versions = await store.change_versions(changes, texts)
+    for seq, _ in changes:
+        found = versions.get(seq)
+        if not found:  # not readable (cannot happen after its commit): assume it moves anything
+            results.entry_changed([None])
+            continue
+        results.entry_changed([facts_of(doc, asked=texts, matched=m) for doc, m in found])
 
 
 class DataDirInUse(Exception):

@@ -218,22 +218,28 @@ class PgStore:
 
     @_seam
     async def change_versions(
-        self, entry_did: str, seq: int, texts: list[str]
-    ) -> list[tuple[str, list[str]]]:
-        """The entry's stored documents just before and at version `seq` (one for a new entry),
-        oldest first: what a change at `seq` replaced and what it wrote; each with those of the
-        full-text `texts` it matches (by the projection discovery searches)."""
+        self, changes: list[tuple[int, str]], texts: list[str]
+    ) -> dict[int, list[tuple[str, list[str]]]]:
+        """For each change (sequence, entry DID): the entry's stored documents just before and
+        at that version (one for a new entry), oldest first, each with those of the full-text
+        `texts` it matches (by the projection discovery searches). One round trip."""
         rows = await self._pool.fetch(
-            "SELECT v.doc, ARRAY(SELECT t FROM unnest($3::text[]) AS t"
+            "SELECT c.seq AS change, v.doc, ARRAY(SELECT t FROM unnest($3::text[]) AS t"
             "  WHERE p.search @@ websearch_to_tsquery('english', t)) AS matched"
-            " FROM (SELECT seq, doc FROM entry_versions WHERE entry_did = $1 AND seq <= $2"
-            "       ORDER BY seq DESC LIMIT 2) AS v, LATERAL entry_projection(v.doc) AS p"
-            " ORDER BY v.seq",
-            entry_did,
-            seq,
+            " FROM unnest($1::bigint[], $2::text[]) AS c(seq, did),"
+            " LATERAL (SELECT x.seq, x.doc FROM entry_versions AS x"
+            "          WHERE x.entry_did = c.did AND x.seq <= c.seq"
+            "          ORDER BY x.seq DESC LIMIT 2) AS v,"
+            " LATERAL entry_projection(v.doc) AS p"
+            " ORDER BY c.seq, v.seq",
+            [seq for seq, _ in changes],
+            [did for _, did in changes],
             texts,
         )
-        return [(r["doc"], list(r["matched"])) for r in rows]
+        out: dict[int, list[tuple[str, list[str]]]] = {}
+        for r in rows:
+            out.setdefault(r["change"], []).append((r["doc"], list(r["matched"])))
+        return out
 
     @_seam
     async def list_versions(

@@ -139,9 +139,9 @@ async def test_deep_health_for_an_admin(database_url: str, tmp_path: Path) -> No
 
 
 async def test_a_backlog_of_changes_clears_the_discovery_cache_without_reading_them() -> None:
-    """Over CHANGES_CHECKED_ONE_BY_ONE changes in one batch, checking each would cost a read per
-    change: the follower clears every page instead. Below it, it reads each change's versions."""
-    from api.server import CHANGES_CHECKED_ONE_BY_ONE, _drop_moved_pages
+    """Over CHANGES_CHECKED_AT_ONCE changes in one batch the follower clears every page rather
+    than read and check them all; up to it, it reads every change's versions in one query."""
+    from api.server import CHANGES_CHECKED_AT_ONCE, _drop_moved_pages
     from registry.registryql import parse_registryql
     from registry.service import ResultCache
 
@@ -150,21 +150,22 @@ async def test_a_backlog_of_changes_clears_the_discovery_cache_without_reading_t
             self.read: list[tuple[str, int]] = []
 
         async def change_versions(
-            self, did: str, seq: int, texts: list[str]
-        ) -> list[tuple[str, list[str]]]:
-            self.read.append((did, seq))
-            return [('{"entryDid": "did:web:x", "lifecycleStatus": "deleted"}', [])]
+            self, changes: list[tuple[int, str]], texts: list[str]
+        ) -> dict[int, list[tuple[str, list[str]]]]:
+            self.read.extend(changes)
+            tombstone = '{"entryDid": "did:web:x", "lifecycleStatus": "deleted"}'
+            return {seq: [(tombstone, [])] for seq, _ in changes}
 
     results = ResultCache(10)
     results.enabled = True
     query = parse_registryql("DISCOVER *")
     results.put("q", (query, "{}"), results.epoch)
     store = Versions()
-    few = [(n, f"did:web:{n}") for n in range(CHANGES_CHECKED_ONE_BY_ONE)]
+    few = [(n, f"did:web:{n}") for n in range(CHANGES_CHECKED_AT_ONCE)]
     await _drop_moved_pages(store, results, few)  # type: ignore[arg-type]
     assert len(store.read) == len(few)
     assert results.get("q") is not None  # a tombstone matches nothing: the page stays
-    many = [(n, f"did:web:{n}") for n in range(CHANGES_CHECKED_ONE_BY_ONE + 1)]
+    many = [(n, f"did:web:{n}") for n in range(CHANGES_CHECKED_AT_ONCE + 1)]
     await _drop_moved_pages(store, results, many)  # type: ignore[arg-type]
     assert len(store.read) == len(few)  # nothing more was read
     assert results.get("q") is None

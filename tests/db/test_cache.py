@@ -203,3 +203,38 @@ async def test_a_change_drops_exactly_the_discovery_pages_it_can_move(
                 assert json.loads(await mine.discover(ours))["totalCount"] == 1
                 assert json.loads(await mine.discover(theirs))["totalCount"] == 1
                 nursery.cancel_scope.cancel()
+
+
+async def test_change_versions_reads_every_change_of_a_batch_in_one_query(
+    database_url: str, tmp_path: Path
+) -> None:
+    """For each (sequence, DID): the version replaced and the one written (only the latter for a
+    new entry), oldest first, each with the asked full-text queries it matches."""
+    key = SigningKey.generate()
+    with trio.fail_after(30):
+        async with two_processes(database_url, tmp_path, key) as (store, mine, _other):
+            first = signed_entry(key, tags=["alpha"])
+            created = await mine.create_entry(_principal(key), first, None)
+            other = await mine.create_entry(_principal(key), signed_entry(key), None)
+            moved = signed_entry(
+                key, first["entryDid"], tags=["xylophone"], sequence=created.sequence
+            )
+            updated = await mine.update_entry(_principal(key), first["entryDid"], moved, None)
+            changes = [
+                (updated.sequence, first["entryDid"]),
+                (other.sequence, _did(other.doc)),
+            ]
+            found = await store.change_versions(changes, ["xylophone", "helpful", "zebra"])
+            assert [json.loads(d)["sequence"] for d, _ in found[updated.sequence]] == [
+                created.sequence,
+                updated.sequence,
+            ]
+            assert [m for _, m in found[updated.sequence]] == [
+                ["helpful"],
+                ["xylophone", "helpful"],
+            ]
+            assert [json.loads(d)["sequence"] for d, _ in found[other.sequence]] == [other.sequence]
+
+
+def _did(doc: str) -> str:
+    return str(json.loads(doc)["entryDid"])
