@@ -8,6 +8,7 @@ values or `registry.errors` back.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -34,6 +35,8 @@ from registry.signin import (
 )
 from registry.store import EntryHead, EntryWrite, IdemKey, SessionRecord, Store
 from registry.store.discover import COUNT_CAP, compile_discover
+
+log = logging.getLogger(__name__)
 
 WriteEntry = Callable[[EntryWrite, IdemKey | None], Awaitable[tuple[int | None, str, int | None]]]
 
@@ -258,7 +261,7 @@ class Registry:
             suffix="}",
             status=200,
         )
-        return self._served(did, head.doc, *await self.write_entry(write, idem))
+        return await self._written(did, head.doc, *await self.write_entry(write, idem))
 
     async def get_entry(self, did: str) -> Served:
         cached = self.cache.get(did)
@@ -343,19 +346,36 @@ class Registry:
             suffix=form.suffix,
             status=status,
         )
-        return self._served(entry.did, previous, *await self.write_entry(write, idem))
+        return await self._written(entry.did, previous, *await self.write_entry(write, idem))
 
-    def _served(
+    async def _written(
         self, did: str, previous: str | None, seq: int | None, doc: str, replayed: int | None
     ) -> Served:
+        """The answer to an entry write, once this process's caches have let go of what it
+        changed, so the writer reads its own write (the log follower does the same for every
+        process when the notification arrives)."""
         if seq is None:
             assert replayed is not None
             return Served(0, doc, replayed)
-        # At once, so this process reads its own write; the log follower does the same for
-        # every process when the change's notification arrives.
         self.cache.invalidate(did)
         versions = [doc] if previous is None else [previous, doc]
-        self.results.entry_changed([facts_of(v) for v in versions])
+        texts = sorted(self.results.match_texts())
+        decided = False
+        try:
+            if texts:
+                # Cached full-text pages: the database says which texts the versions match.
+                self.results.touch()
+                found = (await self.store.change_versions([(seq, did)], texts)).get(seq)
+                if found:
+                    self.results.entry_changed(
+                        [facts_of(v, asked=texts, matched=m) for v, m in found]
+                    )
+                    decided = True
+        except Exception:  # the write has committed: answer it whatever this check meets
+            log.warning("full-text check of a change failed; its pages are dropped", exc_info=True)
+        finally:
+            if not decided:  # also when cancelled: no await here
+                self.results.entry_changed([facts_of(v) for v in versions])
         return Served(seq, doc)
 
     # --- discovery ----------------------------------------------------------------------

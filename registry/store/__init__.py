@@ -123,6 +123,9 @@ class Store(Protocol):
     async def get_version(self, entry_did: str, seq: int) -> str | None: ...
 
     async def discover(self, plan: Plan) -> tuple[list[tuple[str, list[Any]]], int]: ...
+    async def change_versions(
+        self, changes: list[tuple[int, str]], texts: list[str]
+    ) -> dict[int, list[tuple[str, list[str]]]]: ...
 
     async def put_challenge(
         self, nonce: str, challenge: dict[str, Any], expires_ms: int

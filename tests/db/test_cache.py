@@ -187,11 +187,29 @@ async def test_a_change_drops_exactly_the_discovery_pages_it_can_move(
                 assert json.loads(await mine.discover(ours))["totalCount"] == 1
                 assert json.loads(await mine.discover(named))["totalCount"] == 1
 
-                # This process's own write drops the page at once, before any notification.
+                # This process's own write drops the page at once, before any notification,
+                # asking the database about the cached full-text queries.
                 await mine.create_entry(_principal(key), signed_entry(key, tags=[tag]), None)
                 assert mine.results.get(repr(ours)) is None
+                assert mine.results.get(repr(named)) is None
+                assert mine.results.get(repr(unrelated)) is not None
                 assert json.loads(await mine.discover(ours))["totalCount"] == 2
                 assert mine.results.get(repr(theirs)) is not None
+
+                # If that question fails, the write is still answered and every page it might
+                # move is dropped (full text: maybe).
+                class Failing:
+                    def __getattr__(self, name: str) -> Any:
+                        return getattr(store, name)
+
+                    async def change_versions(self, *_args: Any) -> Any:
+                        raise Unavailable("down", code="database_unavailable")
+
+                mine.store = Failing()  # type: ignore[assignment]
+                await mine.create_entry(_principal(key), signed_entry(key, tags=["zz"]), None)
+                mine.store = store
+                assert mine.results.get(repr(unrelated)) is None
+                assert mine.results.get(repr(theirs)) is not None  # decided without it
 
                 # An entry leaving the results (its tags change) drops the page too.
                 moved = signed_entry(
