@@ -1,0 +1,108 @@
+"""The lean connection pool: connections are reused after normal work and server-reported errors,
+closed after cancellation or a lost connection, and the pool never loses a slot."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import asyncpg
+import pytest
+import trio
+import trio_asyncio
+
+from registry.store.pg import SESSION_SETTINGS
+from registry.store.pool import LeanPool
+
+
+@asynccontextmanager
+async def lean_pool(database_url: str, size: int = 2) -> AsyncIterator[LeanPool]:
+    async with trio_asyncio.open_loop():
+        pool = LeanPool(
+            database_url, min_size=1, max_size=size, server_settings=dict(SESSION_SETTINGS)
+        )
+        await trio_asyncio.aio_as_trio(pool.open)()
+        try:
+            yield pool
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio_asyncio.aio_as_trio(pool.close)()
+
+
+def aio(fn: Any) -> Any:
+    return trio_asyncio.aio_as_trio(fn)
+
+
+async def _backend_pid(pool: LeanPool) -> int:
+    return int(await aio(pool.fetchval)("SELECT pg_backend_pid()"))
+
+
+async def test_a_connection_is_reused_after_work_and_after_a_statement_error(
+    database_url: str,
+) -> None:
+    async with lean_pool(database_url, size=1) as pool:
+        first = await _backend_pid(pool)
+        with pytest.raises(asyncpg.PostgresError):
+            await aio(pool.execute)("SELECT 1/0")
+        assert await _backend_pid(pool) == first
+        assert await aio(pool.fetchval)("SHOW TimeZone") == "UTC"  # the session settings
+
+
+async def test_cancelling_a_query_closes_its_connection_and_frees_its_slot(
+    database_url: str,
+) -> None:
+    async with lean_pool(database_url, size=1) as pool:
+        first = await _backend_pid(pool)
+        with trio.move_on_after(0.2) as scope:
+            await aio(pool.execute)("SELECT pg_sleep(30)")
+        assert scope.cancelled_caught
+        # The only slot is free again, on a new connection (the old one may still be busy).
+        with trio.fail_after(10):
+            assert await _backend_pid(pool) != first
+
+
+async def test_a_transaction_left_open_is_not_given_back(database_url: str) -> None:
+    async with lean_pool(database_url, size=1) as pool:
+
+        async def leave_open() -> int:
+            async with pool.acquire() as conn:
+                await conn.execute("BEGIN")
+                return int(await conn.fetchval("SELECT pg_backend_pid()"))
+
+        pid = await aio(leave_open)()
+        assert await _backend_pid(pool) != pid
+
+
+async def test_a_connection_the_server_closed_is_replaced(database_url: str) -> None:
+    async with lean_pool(database_url, size=1) as pool:
+        first = await _backend_pid(pool)
+        other = await aio(asyncpg.connect)(database_url)
+        try:
+            await aio(other.execute)(f"SELECT pg_terminate_backend({first})")
+        finally:
+            await aio(other.close)()
+        with trio.fail_after(10):
+            while True:  # the first query may meet the dead connection (503 to that caller)
+                try:
+                    pid = await _backend_pid(pool)
+                    break
+                except Exception:  # that caller fails; the pool recovers
+                    continue
+        assert pid != first
+
+
+async def test_more_callers_than_connections_wait_their_turn(database_url: str) -> None:
+    async with lean_pool(database_url, size=2) as pool:
+        pids: list[int] = []
+
+        async def one() -> None:
+            sql = "SELECT pg_backend_pid() FROM pg_sleep(0.05)"
+            pids.append(int(await aio(pool.fetchval)(sql)))
+
+        with trio.fail_after(20):
+            async with trio.open_nursery() as nursery:
+                for _ in range(8):
+                    nursery.start_soon(one)
+        assert len(pids) == 8
+        assert len(set(pids)) <= 2  # never more than max_size connections
