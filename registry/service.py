@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -94,25 +95,30 @@ class FollowedCache(Generic[K, V]):
     Readers fill it only if no invalidation happened while they read (`epoch`), so a change that
     commits during a lookup can never be overwritten by the older value. It is on only while the
     follower is connected. All access is from the one Trio thread, with no `await` between a
-    check and its use. Bounded: the oldest half is dropped when full.
+    check and its use. Bounded: the least recently used item goes when it is full.
     """
 
     def __init__(self, capacity: int = 50_000) -> None:
-        self._items: dict[K, V] = {}
+        self._items: OrderedDict[K, V] = OrderedDict()
         self._capacity = capacity
         self.epoch = 0
         self.enabled = False
 
     def get(self, key: K) -> V | None:
-        return self._items.get(key) if self.enabled else None
+        if not self.enabled:
+            return None
+        value = self._items.get(key)
+        if value is not None:
+            self._items.move_to_end(key)
+        return value
 
     def put(self, key: K, value: V, epoch: int) -> None:
         if not self.enabled or epoch != self.epoch:
             return
-        if len(self._items) >= self._capacity:
-            for old in list(self._items)[: self._capacity // 2]:
-                del self._items[old]
         self._items[key] = value
+        self._items.move_to_end(key)
+        while len(self._items) > self._capacity:
+            self._items.popitem(last=False)
 
     def invalidate(self, key: K) -> None:
         self.epoch += 1
