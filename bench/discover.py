@@ -969,14 +969,15 @@ def main_bench(args: argparse.Namespace) -> int:
                 )
                 for name, draw in draws.items()
             }
-            runner.warm("zipf", files["warm"], args.warmup)
+            runner.warm("zipf", files["warm"], args.zipf_warmup)
             with BackgroundWriter(url, args.zipf_writes) as writer:
                 zipf = runner.measure("zipf", "zipf", files["run"], args.duration)
             zipf.label = "zipf mix"
             zipf.note = (
                 f"{len(population):,} distinct queries (every shape, values from the seed's"
-                f" vocabulary), popularity Zipf s={args.zipf_s:g}, warmed {args.warmup:.0f}s by"
-                f" another draw; {writer.written} entries written meanwhile"
+                f" vocabulary), popularity Zipf s={args.zipf_s:g},"
+                f" warmed {args.zipf_warmup:.0f}s by another draw;"
+                f" {writer.written} entries written meanwhile"
                 f" ({args.zipf_writes:g}/s, each dropping the cached pages it can move)"
             )
             runner.rows.append(zipf)
@@ -1080,6 +1081,12 @@ def main() -> int:
     )
     parser.add_argument(
         "--zipf-s", type=float, default=1.0, help="Zipf exponent of their popularity (1.0)"
+    )
+    parser.add_argument(
+        "--zipf-warmup",
+        type=float,
+        default=30.0,
+        help="seconds of zipf requests before its row, to fill the cache as in service (30)",
     )
     parser.add_argument(
         "--zipf-writes",
