@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Generic, TypeVar
 
+import trio
+
 from registry import entries as entry_rules
 from registry.canonical import canonicalize
 from registry.config import Config
@@ -183,6 +185,7 @@ class Registry:
         self.sessions: FollowedCache[bytes, SessionRecord] = FollowedCache()  # token hash
         # Discovery pages by query, dropped by the changes that can move them.
         self.results = ResultCache(max(1, config.limits.discover_cache_entries))
+        self._computing: dict[str, trio.Event] = {}  # discovery pages being computed
 
     @property
     def did(self) -> str:
@@ -392,17 +395,35 @@ class Registry:
         return body
 
     async def discover_page(self, query: RegistryQuery) -> tuple[str, bool]:
-        """`discover`'s page, and whether it came from the result cache."""
+        """`discover`'s page, and whether it came from the result cache.
+
+        Concurrent misses of one query are computed once: the others wait for that answer (a
+        popular page dropped by a change would otherwise be recomputed by every request that
+        arrives meanwhile), and compute it themselves only if it could not be cached."""
         caching = self.config.limits.discover_cache_entries > 0
         key = repr(query)
         if caching:
             cached = self.results.get(key)
             if cached is not None:
                 return cached[1], True
+            pending = self._computing.get(key)
+            if pending is not None:
+                await pending.wait()
+                cached = self.results.get(key)
+                if cached is not None:
+                    return cached[1], True
         epoch = self.results.epoch
-        body = await self._discover(query)
-        if caching:
-            self.results.put(key, (query, body), epoch)
+        leading = caching and key not in self._computing
+        if leading:
+            done = self._computing[key] = trio.Event()
+        try:
+            body = await self._discover(query)
+            if caching:
+                self.results.put(key, (query, body), epoch)
+        finally:
+            if leading:
+                del self._computing[key]
+                done.set()
         return body, False
 
     async def _discover(self, query: RegistryQuery) -> str:

@@ -256,3 +256,105 @@ async def test_change_versions_reads_every_change_of_a_batch_in_one_query(
 
 def _did(doc: str) -> str:
     return str(json.loads(doc)["entryDid"])
+
+
+async def test_concurrent_misses_of_one_query_are_computed_once(
+    database_url: str, tmp_path: Path
+) -> None:
+    """While one request computes a page, the others asking for it wait for its answer."""
+    import trio.testing
+
+    from registry.discovery import parse_discover_request
+
+    key = SigningKey.generate()
+    with trio.fail_after(30):
+        async with two_processes(database_url, tmp_path, key) as (store, mine, _other):
+            query = parse_discover_request({"tags": [f"herd-{key.did[-8:]}"]})
+            computing = trio.Event()
+            release = trio.Event()
+            calls = 0
+
+            class Gated:
+                def __getattr__(self, name: str) -> Any:
+                    return getattr(store, name)
+
+                async def discover(self, plan: Any) -> Any:
+                    nonlocal calls
+                    calls += 1
+                    computing.set()
+                    await release.wait()
+                    return await store.discover(plan)
+
+            mine.store = Gated()  # type: ignore[assignment]
+            answers: list[tuple[str, bool]] = []
+
+            async def ask() -> None:
+                answers.append(await mine.discover_page(query))
+
+            async with trio.open_nursery() as nursery:
+                await nursery.start(follow_log, store, mine.cache, mine.sessions, mine.results)
+                async with trio.open_nursery() as askers:
+                    askers.start_soon(ask)
+                    await computing.wait()
+                    for _ in range(4):
+                        askers.start_soon(ask)
+                    await trio.testing.wait_all_tasks_blocked()
+                    assert mine._computing[repr(query)].statistics().tasks_waiting == 4
+                    release.set()
+                nursery.cancel_scope.cancel()
+            assert calls == 1
+            assert sorted(hit for _, hit in answers) == [False, True, True, True, True]
+            assert len({body for body, _ in answers}) == 1
+
+
+async def test_a_waiter_computes_the_page_itself_when_the_first_request_is_cancelled(
+    database_url: str, tmp_path: Path
+) -> None:
+    import trio.testing
+
+    from registry.discovery import parse_discover_request
+
+    key = SigningKey.generate()
+    with trio.fail_after(30):
+        async with two_processes(database_url, tmp_path, key) as (store, mine, _other):
+            query = parse_discover_request({"tags": [f"herd-{key.did[-8:]}"]})
+            first_called = trio.Event()
+            calls = 0
+
+            class StuckOnce:
+                def __getattr__(self, name: str) -> Any:
+                    return getattr(store, name)
+
+                async def discover(self, plan: Any) -> Any:
+                    nonlocal calls
+                    calls += 1
+                    if calls == 1:
+                        first_called.set()
+                        await trio.sleep_forever()
+                    return await store.discover(plan)
+
+            mine.store = StuckOnce()  # type: ignore[assignment]
+            answers: list[tuple[str, bool]] = []
+
+            async def ask() -> None:
+                answers.append(await mine.discover_page(query))
+
+            async with trio.open_nursery() as nursery:
+                await nursery.start(follow_log, store, mine.cache, mine.sessions, mine.results)
+                async with trio.open_nursery() as askers:
+                    first = trio.CancelScope()
+                    askers.start_soon(_run_in, first, ask)
+                    await first_called.wait()
+                    askers.start_soon(ask)
+                    await trio.testing.wait_all_tasks_blocked()
+                    first.cancel()
+                nursery.cancel_scope.cancel()
+            assert calls == 2
+            assert [hit for _, hit in answers] == [False]
+            assert json.loads(answers[0][0])["totalCount"] == 0
+            assert repr(query) not in mine._computing
+
+
+async def _run_in(scope: trio.CancelScope, fn: Any) -> None:
+    with scope:
+        await fn()
