@@ -33,6 +33,7 @@ from registry.query import (
     RegistryQuery,
     check_query,
     conjunction,
+    effective_order,
 )
 
 EntryTypeOrAll = Annotated[str, StringConstraints(pattern=r"^(\*|[A-Za-z][A-Za-z0-9._-]{0,63})$")]
@@ -145,6 +146,10 @@ def query_fingerprint(query: RegistryQuery) -> str:
     return hashlib.sha256(repr(shape).encode()).hexdigest()[:16]
 
 
+# 2: relevance is ts_rank (was ts_rank_cd in 1, whose other orderings are still accepted).
+CURSOR_VERSION = 2
+
+
 class CursorCodec:
     def __init__(self, secret: bytes) -> None:
         self._key = hashlib.sha256(b"registry discover cursor\0" + secret).digest()
@@ -152,7 +157,8 @@ class CursorCodec:
     def encode(self, query: RegistryQuery, position: list[Any]) -> str:
         values = [v.isoformat() if isinstance(v, datetime) else v for v in position]
         body = json.dumps(
-            {"v": 1, "q": query_fingerprint(query), "k": values}, separators=(",", ":")
+            {"v": CURSOR_VERSION, "q": query_fingerprint(query), "k": values},
+            separators=(",", ":"),
         ).encode()
         tag = hmac.new(self._key, body, hashlib.sha256).digest()[:16]
         return base64.urlsafe_b64encode(tag + body).rstrip(b"=").decode("ascii")
@@ -170,8 +176,12 @@ class CursorCodec:
             data = json.loads(body)
         except ValueError:
             raise bad from None
-        if data.get("v") != 1 or data.get("q") != query_fingerprint(query):
+        if data.get("q") != query_fingerprint(query):
             raise bad
+        version = data.get("v")
+        ranked = any(key.field == "relevance" for key in effective_order(query))
+        if version != CURSOR_VERSION and not (version == 1 and not ranked):
+            raise bad  # version 1 ranked by ts_rank_cd: its rank values mean nothing now
         position = data.get("k")
         if not isinstance(position, list):
             raise bad

@@ -8,7 +8,7 @@ entry is the received document plus the registry-managed fields, canonicalised w
 from __future__ import annotations
 
 import re
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
@@ -31,16 +31,21 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def parse_datetime(value: str) -> datetime:
-    """An RFC 3339 date-time with an explicit offset; `ValueError` otherwise."""
+    """An RFC 3339 date-time with an explicit offset; `ValueError` otherwise.
+
+    Fractional seconds are rounded to microseconds exactly as PostgreSQL rounds `timestamptz`
+    input (`rint(strtod(fraction) * 1e6)`: binary double, ties to even), so a value compares the
+    same here as in the database's columns."""
     if not _RFC3339.fullmatch(value):
         raise ValueError("must be an RFC 3339 date-time with offset, e.g. 2026-01-02T03:04:05Z")
     text = value.upper().replace("Z", "+00:00")
     head, dot, rest = text.partition(".")
-    if dot:  # Python 3.11 parses at most 6 fractional digits; keep microseconds
-        digits = re.match(r"\d+", rest)
-        assert digits is not None
-        text = head + "." + digits.group()[:6].ljust(6, "0") + rest[digits.end() :]
-    return datetime.fromisoformat(text)
+    if not dot:
+        return datetime.fromisoformat(text)
+    digits = re.match(r"\d+", rest)
+    assert digits is not None
+    micro = round(float("0." + digits.group()) * 1_000_000)
+    return datetime.fromisoformat(head + rest[digits.end() :]) + timedelta(microseconds=micro)
 
 
 def _date_time(value: str) -> str:

@@ -182,16 +182,13 @@ class Plan:
     """
 
     sql: str
-    params: list[Any]  # of `sql` and of `page_sql`
+    params: list[Any]
     page_sql: str
+    page_params: list[Any]
     count_sql: str
     count_params: list[Any]
     order: tuple[OrderKey, ...]
     tiebreak: bool  # whether entry_did is a sort key after `order`
-
-    @property
-    def page_params(self) -> list[Any]:
-        return self.params
 
 
 def _filters(query: RegistryQuery, p: _Params) -> list[str]:
@@ -256,11 +253,10 @@ def compile_discover(query: RegistryQuery, *, limit: int, after: list[Any] | Non
         keys.append(_Key('entry_did COLLATE "C"', keys[-1].descending, "text"))
     scan_where = list(where)
     few_where = [f"t.total <= {COUNT_CAP}"]
+    if after is not None and len(after) != len(keys):
+        raise Invalid("cursor does not belong to this query", code="invalid_cursor")
     if after is not None:
-        if len(after) != len(keys):
-            raise Invalid("cursor does not belong to this query", code="invalid_cursor")
         scan_where.append(_keyset([k.expr for k in keys], keys, after, p))
-        few_where.append(_keyset([k.column(i) for i, k in enumerate(keys)], keys, after, p))
     selected = ", ".join(f"{k.expr} AS k{i}" for i, k in enumerate(keys))
     order_sql = ", ".join(f"k{i} {'DESC' if k.descending else 'ASC'}" for i, k in enumerate(keys))
     window = f" LIMIT {p.bind(limit + 1)}"
@@ -269,6 +265,9 @@ def compile_discover(query: RegistryQuery, *, limit: int, after: list[Any] | Non
     columns = f"entry_did, head_seq, {selected}"
     page_sql = f"SELECT {columns} FROM entries WHERE {' AND '.join(scan_where)}"
     page_sql += f" ORDER BY {order_sql}{window}"
+    page_params = list(p.values)  # page_sql uses these only
+    if after is not None:
+        few_where.append(_keyset([k.column(i) for i, k in enumerate(keys)], keys, after, p))
     candidates = f"SELECT {columns} FROM entries WHERE {' AND '.join(where)} LIMIT {COUNT_CAP + 1}"
     scan_where.append(f"t.total > {COUNT_CAP}")
     sql = (
@@ -287,7 +286,9 @@ def compile_discover(query: RegistryQuery, *, limit: int, after: list[Any] | Non
         f"SELECT count(*) AS total FROM (SELECT 1 FROM entries"
         f" WHERE {' AND '.join(count_where)} LIMIT {count_params.bind(COUNT_CAP + 1)}) AS matches"
     )
-    return Plan(sql, p.values, page_sql, count_sql, count_params.values, order, tiebreak)
+    return Plan(
+        sql, p.values, page_sql, page_params, count_sql, count_params.values, order, tiebreak
+    )
 
 
 def _keyset(exprs: list[str], keys: list[_Key], after: list[Any], p: _Params) -> str:

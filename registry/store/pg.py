@@ -406,15 +406,10 @@ class PgStore:
                 await trio_asyncio.aio_as_trio(conn.add_listener)(channel, notes.push)
             yield notes
         finally:
-            with trio.CancelScope(shield=True):
-                try:
-                    conn.remove_termination_listener(notes.terminated)
-                    for channel in channels:
-                        await trio_asyncio.aio_as_trio(conn.remove_listener)(channel, notes.push)
-                except (asyncpg.InterfaceError, OSError):
-                    self._pool.discard(conn)  # the connection died
-                else:
-                    self._pool.give_back(conn)
+            # Closed rather than given back: a LISTEN (or its cancellation) may still be in
+            # flight, and a session left listening must not serve requests.
+            conn.remove_termination_listener(notes.terminated)
+            self._pool.discard(conn)
 
 
 class Notifications:

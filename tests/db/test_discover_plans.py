@@ -211,3 +211,17 @@ async def test_paging_a_broad_result_matches_one_big_page(
         assert chained == expected
         second_half = await page(limit=50, offset=50)
         assert [e["entryDid"] for e in second_half["entries"]] == expected[50:]
+
+
+@pytest.mark.parametrize("order", ["name", "publishedAt", "sequence"])
+def test_the_page_statement_alone_explains_with_a_cursor(seeded_url: str, order: str) -> None:
+    """`page_sql` with `page_params` (what EXPLAIN tooling runs) is complete after a cursor too."""
+    query = parse_discover_request({"orderBy": order, "tags": ["legal"]})
+    after: list[Any] = {
+        "name": ["M", "did:web:x"],
+        "publishedAt": ["2026-06-01T00:00:00+00:00", "did:web:x"],
+        "sequence": [50_000],
+    }[order]
+    plan = compile_discover(query, limit=20, after=after)
+    scans = asyncio.run(_explain(seeded_url, plan.page_sql, plan.page_params))
+    assert ("Seq Scan", "entries") not in scans, f"{order}: {scans}"

@@ -212,3 +212,47 @@ def test_odd_documents_are_maybe_not_no() -> None:
     assert may_match(query, facts_of("not json"))
     tombstone = {"entryDid": "did:web:x", "lifecycleStatus": "deleted", "sequence": 3}
     assert not may_match(parse_registryql("DISCOVER *"), facts_of(json.dumps(tombstone)))
+
+
+def test_dates_round_to_microseconds_as_postgresql_does(database_url: str) -> None:
+    """`parse_datetime` (used for query values and by `may_match`) must give the instant the
+    database stores for the same text, sub-microsecond digits and ties included."""
+    from registry.models import parse_datetime
+
+    rng = random.Random(9)
+    texts = [
+        "2024-01-01T00:00:00.9999995Z",
+        "2024-01-01T00:00:00.0000005Z",
+        "2024-01-01T00:00:00.0000015Z",
+        "2024-01-01T00:00:00.0000025Z",
+        "2024-12-31T23:59:59.99999951+02:00",
+        "2024-01-01t00:00:00.5z",
+        "2024-01-01T00:00:00Z",
+    ]
+    for _ in range(300):
+        digits = "".join(rng.choice("0123456789") for _ in range(rng.randint(1, 9)))
+        texts.append(f"2025-06-{rng.randint(1, 28):02d}T12:34:56.{digits}-05:30")
+
+    async def stored() -> list[Any]:
+        conn = await asyncpg.connect(database_url)
+        try:
+            rows = await conn.fetch(
+                "SELECT t::timestamptz AS at FROM unnest($1::text[]) AS t", texts
+            )
+        finally:
+            await conn.close()
+        return [r["at"] for r in rows]
+
+    for text, at in zip(texts, asyncio.run(stored()), strict=True):
+        assert parse_datetime(text) == at, text
+
+
+def test_an_entry_whose_date_rounds_up_into_the_range_may_match() -> None:
+    query = parse_discover_request({"publishedAfter": "2024-01-01T00:00:00.999999Z"})
+    doc = {
+        "entryDid": "did:web:x",
+        "entryType": "AgentDefinition",
+        "lifecycleStatus": "active",
+        "publishedAt": "2024-01-01T00:00:00.9999995Z",  # stored as 00:00:01
+    }
+    assert may_match(query, facts_of(json.dumps(doc)))
