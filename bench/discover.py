@@ -9,6 +9,8 @@ One run, on a fresh database `registry_bench_disc_<hex>` of the local PostgreSQL
   * drives it with wrk pinned to core 1 (-t1, 16 connections, bench/lua/discover.lua):
       - get_entry (GET /v1/entries/<did of a seeded entry>), before and after the discovery rows;
       - the mix of every query shape below, shuffled;
+      - the zipf mix: 10,000 distinct queries with Zipf popularity while entries are written,
+        with the result cache's hit rate (X-Cache);
       - each query shape on its own (a short run each, so its percentiles are its own);
   * prints req/s, p50/p99, non-2xx, the CPU of the server and of PostgreSQL per request, the CPU
     used by other processes meanwhile, and the targets of the issue:
