@@ -292,12 +292,16 @@ def db_admin(server_url: str, *statements: str) -> None:
 
 
 def proc_cpu(pid: int) -> float:
-    """User + system CPU seconds of one process (0 if it is gone)."""
+    """User + system CPU seconds of one process (0 if it is gone). A negative pid stands for
+    the reaped children of process -pid: their CPU, which the kernel adds to the parent's when
+    they exit (how the CPU of backends that ended during a row is still counted)."""
     try:
-        text = Path(f"/proc/{pid}/stat").read_text()
+        text = Path(f"/proc/{abs(pid)}/stat").read_text()
     except OSError:
         return 0.0
     fields = text[text.rindex(")") + 2 :].split()
+    if pid < 0:
+        return (int(fields[13]) + int(fields[14])) / CLK_TCK
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
@@ -316,8 +320,10 @@ def count_entries(server_url: str, db: str) -> int:
 
 def postgres_pids(server_url: str, db: str) -> set[int]:
     """The PostgreSQL processes that work for the bench: the backends connected to its database
-    and the server's background processes (WAL writer, checkpointer, ...). Other databases'
-    backends on the shared server are left out."""
+    and the server's background processes (WAL writer, checkpointer, ...), plus (as a negative
+    pid, see `proc_cpu`) the postmaster's reaped children: backends that exited meanwhile,
+    such as connections a server closed after a cancelled query. Other databases' live
+    backends on the shared server are left out; their exits would count, so keep it quiet."""
     import asyncpg
 
     async def run() -> set[int]:
@@ -333,9 +339,18 @@ def postgres_pids(server_url: str, db: str) -> set[int]:
         return {int(r["pid"]) for r in rows}
 
     try:
-        return asyncio.run(run())
+        pids = asyncio.run(run())
     except Exception:  # accounting only: never fail a run over it
         return set()
+    # The postmaster (the parent of every backend), for the CPU of backends that exited.
+    for pid in sorted(pids):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        pids.add(-int(stat[stat.rindex(")") + 2 :].split()[1]))
+        break
+    return pids
 
 
 def all_processes() -> dict[int, tuple[str, float]]:
