@@ -33,7 +33,6 @@ from api.identity import HttpIdentityResolver
 from registry.config import Config
 from registry.identity import DidKeyIdentity, IdentityResolver
 from registry.keys import load_or_create_key
-from registry.matching import facts_of
 from registry.ratelimit import Rate
 from registry.service import FollowedCache, Registry, ResultCache, Served
 from registry.store import SessionRecord
@@ -104,11 +103,8 @@ async def _drop_moved_pages(
     texts = sorted(results.match_texts())
     versions = await store.change_versions(changes, texts)
     for seq, _ in changes:
-        found = versions.get(seq)
-        if not found:  # not readable (cannot happen after its commit): assume it moves anything
-            results.entry_changed([None])
-            continue
-        results.entry_changed([facts_of(doc, asked=texts, matched=m) for doc, m in found])
+        if not results.entry_changed_as_told(versions.get(seq), texts):
+            results.entry_changed([None])  # unreadable (cannot be, after its commit): maybe all
 
 
 class DataDirInUse(Exception):

@@ -155,6 +155,17 @@ class ResultCache(FollowedCache[str, tuple[RegistryQuery, str]]):
         change (a new entry has only the latter)."""
         self.invalidate_where(lambda _key, page: any(may_match(page[0], f) for f in versions))
 
+    def entry_changed_as_told(
+        self, versions: list[tuple[str, list[str]]] | None, texts: list[str]
+    ) -> bool:
+        """`entry_changed` for `versions` as `Store.change_versions` reads them (each document
+        with those of the asked MATCH `texts` it matches); False, dropping nothing, if there
+        are none."""
+        if not versions:
+            return False
+        self.entry_changed([facts_of(doc, asked=texts, matched=m) for doc, m in versions])
+        return True
+
     def match_texts(self) -> set[str]:
         """The MATCH texts of the cached queries (the database decides those per change)."""
         return {t for query, _ in self._items.values() for t in match_texts_in(query.where)}
@@ -374,12 +385,8 @@ class Registry:
             if texts:
                 # Cached full-text pages: the database says which texts the versions match.
                 self.results.touch()
-                found = (await self.store.change_versions([(seq, did)], texts)).get(seq)
-                if found:
-                    self.results.entry_changed(
-                        [facts_of(v, asked=texts, matched=m) for v, m in found]
-                    )
-                    decided = True
+                found = await self.store.change_versions([(seq, did)], texts)
+                decided = self.results.entry_changed_as_told(found.get(seq), texts)
         except Exception:  # the write has committed: answer it whatever this check meets
             log.warning("full-text check of a change failed; its pages are dropped", exc_info=True)
         finally:
