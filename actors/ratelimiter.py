@@ -6,9 +6,10 @@ can observe or touch the buckets midway, which is the property a message round t
 We measured that round trip (channel send, actor wake-up, reply wait) at two scheduler hops and
 ~170 µs a request (a fifth of a cached GET), so the hot path is a call, not a message.
 
-The actor's task (`run`) owns the housekeeping: every `sweep_every` seconds it forgets buckets that
-have refilled completely (a full bucket is the same as none), so memory is bounded by the clients
-active within the last minute. Nothing else mutates the buckets.
+The actor's task (`run_rate_limiter`, started with `nursery.start`, which reports the handle)
+owns the housekeeping: every `sweep_every` seconds it forgets buckets that have refilled
+completely (a full bucket is the same as none), so memory is bounded by the clients active within
+the last minute. Nothing else mutates the buckets.
 """
 
 from __future__ import annotations
@@ -26,14 +27,13 @@ MAX_BUCKETS = 200_000  # sweep early when this many clients were seen within a m
 
 
 class RateLimiter:
-    """Token buckets per (class, client): `acquire("read", client)` → `Decision`."""
+    """The handle: token buckets per (class, client), `acquire("read", client)` → `Decision`."""
 
-    def __init__(self, rates: dict[str, Rate], *, sweep_every: float = 60.0) -> None:
+    def __init__(self, rates: dict[str, Rate]) -> None:
         if set(rates) != set(CLASSES):
             raise ValueError(f"rates for exactly {CLASSES} are required")
         self._rates = dict(rates)
         self._buckets: dict[tuple[str, str], Bucket] = {}
-        self._sweep_every = sweep_every
         self._handled = 0
         self._refused = 0
         self._sweeps = 0
@@ -58,12 +58,6 @@ class RateLimiter:
             del self._buckets[key]
         self._sweeps += 1
 
-    async def run(self) -> None:
-        """The actor's task: sweep idle buckets periodically, forever."""
-        while True:
-            await trio.sleep(self._sweep_every)
-            self._sweep(trio.current_time())
-
     def statistics(self) -> dict[str, int]:
         return {
             "buckets": len(self._buckets),
@@ -71,3 +65,17 @@ class RateLimiter:
             "refused": self._refused,
             "sweeps": self._sweeps,
         }
+
+
+async def run_rate_limiter(
+    rates: dict[str, Rate],
+    *,
+    sweep_every: float = 60.0,
+    task_status: trio.TaskStatus[RateLimiter] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """The actor's task: report the handle, then sweep idle buckets every `sweep_every` s."""
+    limiter = RateLimiter(rates)
+    task_status.started(limiter)
+    while True:
+        await trio.sleep(sweep_every)
+        limiter._sweep(trio.current_time())

@@ -1,100 +1,136 @@
-"""The entry writer actor: group commit of entry changes.
+"""The writer actor: group commit of every change, through the one append path.
 
-Theory of operation: request handlers call `EntryWriter.write(change, idem)`, which queues the
-change with a one-shot reply and waits. The actor's task takes every change queued at that moment
-(up to `max_batch`), applies them with one `Store.write_entries` call — one round trip, one
-transaction, one commit — and answers each caller with its own outcome. When the service is idle
-a batch is a single change and nothing waits longer than before; under load the per-change cost
-of crossing into asyncpg, committing and holding the log head is shared by the batch.
+Theory of operation: use-cases call `Writer.append(change, idem)`, which queues the change with
+a one-shot reply channel and waits. The actor's task takes every change queued at that moment
+(up to `max_batch`), applies them with one `Store.append` call (one round trip, one transaction,
+one commit) and answers each caller with its own `Outcome`. When the service is idle a batch is
+a single change and nothing waits longer than before; under load the per-change cost of crossing
+into asyncpg, committing and holding the log head is shared by the batch.
 
-Failures: a domain refusal of one change (entry exists, sequence conflict, ...) is that caller's
-error only. If the batch itself fails (database down), every caller of the batch gets that
-error; the actor goes on with the next batch. If the actor is cancelled (shutdown) mid-batch,
-its callers are told the service is unavailable: the batch may or may not have committed,
-exactly as for a request cut off by a crash, and the idempotency key makes the retry safe.
+Failures: a refusal of one change (entry exists, sequence conflict, ...) is that caller's outcome
+only. If the batch fails because the database refused a value (`Invalid`, e.g. a character it
+cannot store), the changes are applied again one by one, so only the offending caller gets the
+error. If the batch fails with another known error (database down), every caller of the batch
+gets that error and the actor goes on with the next batch; anything else is a bug and
+propagates. If the actor is cancelled (shutdown) mid-batch, its callers are told the write was
+interrupted: the batch may or may not have committed, exactly as for a request cut off by a
+crash, and the idempotency key makes the retry safe. A caller that gave up (cancelled) is
+skipped when its answer comes. Closing every handle's send side stops the actor.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import trio
 
-from registry.errors import RegistryError, Unavailable
-from registry.store import EntryWrite, IdemKey, Store, WriteOutcome
+from registry.changes import Change, IdemKey, Outcome
+from registry.errors import Invalid, RegistryError, Unavailable
+from registry.store import Store
 
 log = logging.getLogger(__name__)
 
-# Handlers enqueue without a rendezvous; the bound applies backpressure beyond it.
+# Handlers enqueue without a rendezvous (they are many and each waits for its own reply); the
+# bound applies backpressure to request handlers beyond it.
 BUFFER = 1024
 
 
-@dataclass
-class _Pending:
-    write: EntryWrite
+@dataclass(frozen=True)
+class _Append:
+    change: Change
     idem: IdemKey | None
-    done: trio.Event = field(default_factory=trio.Event)
-    outcome: WriteOutcome | None = None
-    error: BaseException | None = None
+    reply: trio.MemorySendChannel[Outcome | RegistryError]
 
 
-class EntryWriter:
-    def __init__(self, store: Store, *, max_batch: int = 64) -> None:
-        self._store = store
-        self._max_batch = max_batch
-        self._send, self._receive = trio.open_memory_channel[_Pending](BUFFER)
-        self._batches = 0
-        self._writes = 0
-        self._largest = 0
+@dataclass
+class WriterStats:
+    batches: int = 0
+    changes: int = 0
+    largest_batch: int = 0
 
-    async def write(
-        self, write: EntryWrite, idem: IdemKey | None
-    ) -> tuple[int | None, str, int | None]:
-        """Same contract as `Store.write_entry`: (seq, doc, None) or (None, response, status)."""
-        pending = _Pending(write, idem)
-        await self._send.send(pending)
-        await pending.done.wait()
-        if pending.error is not None:
-            raise pending.error
-        assert pending.outcome is not None
-        return pending.outcome.result()
 
-    async def run(self) -> None:
-        """The actor's task: write batches until cancelled."""
-        async for first in self._receive:
-            batch = [first]
-            while len(batch) < self._max_batch:
-                try:
-                    batch.append(self._receive.receive_nowait())
-                except trio.WouldBlock:
-                    break
-            await self._write_batch(batch)
+class Writer:
+    """The handle of the writer actor."""
 
-    async def _write_batch(self, batch: list[_Pending]) -> None:
-        try:
-            outcomes = await self._store.write_entries([(p.write, p.idem) for p in batch])
-        except RegistryError as exc:
-            for pending in batch:
-                pending.error = exc
-        except BaseException:
-            for pending in batch:
-                pending.error = Unavailable("the write was interrupted", code="write_interrupted")
-            raise
-        else:
-            for pending, outcome in zip(batch, outcomes, strict=True):
-                pending.outcome = outcome
-            self._batches += 1
-            self._writes += len(batch)
-            self._largest = max(self._largest, len(batch))
-        finally:
-            for pending in batch:
-                pending.done.set()
+    def __init__(self, send: trio.MemorySendChannel[_Append], stats: WriterStats) -> None:
+        self._send = send
+        self._stats = stats
+
+    async def append(self, change: Change, idem: IdemKey | None) -> Outcome:
+        """Append `change` in the next batch; the `registry.changes.Append` contract."""
+        reply, answer = trio.open_memory_channel[Outcome | RegistryError](1)
+        async with answer:
+            await self._send.send(_Append(change, idem, reply))
+            result = await answer.receive()
+        if isinstance(result, RegistryError):
+            raise result
+        return result
+
+    def clone(self) -> Writer:
+        return Writer(self._send.clone(), self._stats)
+
+    async def aclose(self) -> None:
+        await self._send.aclose()
 
     def statistics(self) -> dict[str, int]:
         return {
-            "batches": self._batches,
-            "writes": self._writes,
-            "largest_batch": self._largest,
-            "queued": self._receive.statistics().current_buffer_used,
+            "batches": self._stats.batches,
+            "changes": self._stats.changes,
+            "largest_batch": self._stats.largest_batch,
+            "queued": self._send.statistics().current_buffer_used,
         }
+
+
+async def run_writer(
+    store: Store,
+    *,
+    max_batch: int = 64,
+    task_status: trio.TaskStatus[Writer] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """The actor's task: write batches until every handle is closed (or cancelled)."""
+    send, receive = trio.open_memory_channel[_Append](BUFFER)
+    stats = WriterStats()
+    async with receive:
+        task_status.started(Writer(send, stats))
+        async for first in receive:
+            batch = [first]
+            while len(batch) < max_batch:
+                try:
+                    batch.append(receive.receive_nowait())
+                except trio.WouldBlock:
+                    break
+            await _write_batch(store, batch, stats)
+
+
+def _answer(item: _Append, result: Outcome | RegistryError) -> None:
+    # A caller that gave up (cancelled) is skipped; its outcome stays recorded under its key.
+    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+        item.reply.send_nowait(result)
+
+
+async def _write_batch(store: Store, batch: list[_Append], stats: WriterStats) -> None:
+    try:
+        outcomes = await store.append([(item.change, item.idem) for item in batch])
+    except Invalid as exc:
+        if len(batch) == 1:
+            _answer(batch[0], exc)
+            return
+        for item in batch:  # one bad change must not fail the others: each on its own
+            await _write_batch(store, [item], stats)
+        return
+    except RegistryError as exc:
+        for item in batch:
+            _answer(item, exc)
+        return
+    except BaseException:
+        interrupted = Unavailable("the write was interrupted", code="write_interrupted")
+        for item in batch:
+            _answer(item, interrupted)
+        raise
+    for item, outcome in zip(batch, outcomes, strict=True):
+        _answer(item, outcome)
+    stats.batches += 1
+    stats.changes += len(batch)
+    stats.largest_batch = max(stats.largest_batch, len(batch))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from quart import Response, request
+from quart import Response, has_request_context, request, websocket
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
@@ -30,11 +30,15 @@ def create_app(dependencies: Deps) -> QuartTrio:
 
     @app.errorhandler(HTTPException)
     async def http_error(exc: HTTPException) -> Response:
+        # Also reached for a WebSocket handshake (no request context): the answer is then
+        # sent as the handshake's HTTP response.
+        path = request.path if has_request_context() else websocket.path
+        method = request.method if has_request_context() else "GET"
         mapped: RegistryError
         if exc.code == 404:
-            mapped = NotFound(f"no route for {request.path}", code="route_not_found")
+            mapped = NotFound(f"no route for {path}", code="route_not_found")
         elif exc.code == 405:
-            mapped = MethodNotAllowed(f"{request.method} is not allowed on {request.path}")
+            mapped = MethodNotAllowed(f"{method} is not allowed on {path}")
             response = error_response(mapped, new_request_id())
             for name, value in exc.get_headers():
                 if name.lower() == "allow":

@@ -6,22 +6,21 @@ from quart import Response
 from quart_trio import QuartTrio
 
 from api.http import SESSION_COOKIE, Ctx, deps, dumps, endpoint, json_response
-from api.idempotency import idempotent
-from registry.service import session_body
-from registry.store import IdemKey
+from api.idempotency import idem_key, respond
+from registry.usecases.sessions import session_body
 
 
 def register(app: QuartTrio) -> None:
     @app.post("/v1/auth/siws/challenge")
     @endpoint("write", body_limit="small_body_bytes")
     async def siws_challenge(ctx: Ctx) -> Response:
-        challenge = await deps().registry.challenge(ctx.json())
+        challenge = await deps().sessions.challenge(ctx.json())
         return json_response(dumps({"challenge": challenge}))
 
     @app.post("/v1/auth/siws/verify")
     @endpoint("write", body_limit="small_body_bytes")
     async def siws_verify(ctx: Ctx) -> Response:
-        body, token = await deps().registry.verify(ctx.json())
+        body, token = await deps().sessions.verify(ctx.json())
         response = json_response(dumps(body))
         response.set_cookie(
             SESSION_COOKIE,
@@ -44,15 +43,10 @@ def register(app: QuartTrio) -> None:
     @endpoint("write", auth="required", body_limit="small_body_bytes")
     async def logout(ctx: Ctx) -> Response:
         assert ctx.principal is not None
-        principal = ctx.principal
-
-        async def effect(idem: IdemKey) -> tuple[int, str, bool]:
-            await deps().registry.logout(principal)
-            return 200, dumps({"loggedOut": True}), False
-
         # Scoped by session: another session of the same principal is a different logout.
-        scope = "session:" + principal.token_hash.hex()
-        response = await idempotent(ctx, "logout", effect, scope=scope)
+        scope = "session:" + ctx.principal.token_hash.hex()
+        idem = idem_key(ctx, "logout", scope=scope)
+        response = respond(ctx, await deps().sessions.logout(ctx.principal, idem), 200)
         response.delete_cookie(
             SESSION_COOKIE, path="/", httponly=True, secure=True, samesite="Strict"
         )

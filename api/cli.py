@@ -1,4 +1,4 @@
-"""The `registry` command: serve, migrate, keygen, login, publish."""
+"""The `registry` command: serve, migrate, keygen, login, publish, watch."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def _config(args: argparse.Namespace) -> Config:
 def cmd_serve(args: argparse.Namespace) -> int:
     import trio
 
-    from api.server import DataDirInUse, serve
+    from service.serve import DataDirInUse, serve
 
     config = _config(args)
     _setup_logging(config)
@@ -111,7 +111,7 @@ def _save_session(url: str, result: dict[str, Any]) -> None:
 
 
 def cmd_login(args: argparse.Namespace) -> int:
-    from registry.client import RegistryClient
+    from api.client import RegistryClient
 
     key = read_key_file(Path(args.key))
     with RegistryClient(args.url) as client:
@@ -123,8 +123,8 @@ def cmd_login(args: argparse.Namespace) -> int:
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
+    from api.client import RegistryClient
     from registry.canonical import parse_strict
-    from registry.client import RegistryClient
 
     key = read_key_file(Path(args.key))
     entry = parse_strict(Path(args.entry).read_bytes())
@@ -132,6 +132,42 @@ def cmd_publish(args: argparse.Namespace) -> int:
         client.sign_in(key)
         result = client.publish(entry, key)
     print(json.dumps(result, indent=2, ensure_ascii=False))
+    return 0
+
+
+def _saved_token(url: str) -> str | None:
+    """The session token `registry login` saved for this URL, if any."""
+    try:
+        saved = json.loads(SESSION_FILE.read_text())
+    except (OSError, ValueError):
+        return None
+    token = saved.get("sessionToken") if saved.get("url") == url else None
+    return str(token) if token else None
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    import trio
+
+    from ws.watch import Watcher, WatchError, WatchOptions
+
+    options = WatchOptions(
+        url=args.url,
+        from_sequence=args.from_sequence,
+        kinds=args.kind,
+        entry_types=args.entry_type,
+        entry_dids=args.did,
+        token=os.environ.get("REGISTRY_SESSION_TOKEN") or _saved_token(args.url),
+        max_events=args.max_events,
+    )
+
+    def out(line: str) -> None:
+        print(line, flush=True)
+
+    try:
+        trio.run(Watcher(options, out).run)
+    except WatchError as exc:
+        print(f"registry watch: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -166,6 +202,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--key", required=True)
     p.add_argument("--url", default=DEFAULT_URL)
     p.set_defaults(func=cmd_publish)
+    p = sub.add_parser(
+        "watch",
+        help="print the event stream as JSON lines; resumes after a disconnect",
+        description="Follow /v1/events and print each event as one JSON line. After a"
+        " disconnect it reconnects with backoff and resumes after the last sequence it saw."
+        " Admin-only kinds use REGISTRY_SESSION_TOKEN or the session saved by `registry login`.",
+    )
+    p.add_argument("--url", default=DEFAULT_URL, help="registry base URL (default: %(default)s)")
+    p.add_argument(
+        "--from",
+        dest="from_sequence",
+        type=int,
+        metavar="N",
+        help="replay the log after sequence N (0: from the start); default: from now on",
+    )
+    p.add_argument("--kind", action="append", help="only this event kind (repeatable)")
+    p.add_argument("--entry-type", action="append", help="only this entry type (repeatable)")
+    p.add_argument("--did", action="append", help="only this entry DID (repeatable)")
+    p.add_argument("--max-events", type=int, metavar="N", help="exit after N events")
+    p.set_defaults(func=cmd_watch)
     return parser
 
 
@@ -182,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # the CLI's user sees one line, not a traceback
-        from registry.client import RegistryClientError
+        from api.client import RegistryClientError
 
         if isinstance(exc, RegistryClientError | OSError):
             print(f"registry: {exc}", file=sys.stderr)

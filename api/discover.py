@@ -43,5 +43,5 @@ def register(app: QuartTrio) -> None:
 
 async def _answer(query: RegistryQuery) -> Response:
     """The page, with `X-Cache: hit` when it came from the result cache (else `miss`)."""
-    body, hit = await deps().registry.discover_page(query)
+    body, hit = await deps().discovery.discover_page(query)
     return json_response(body, X_Cache="hit" if hit else "miss")

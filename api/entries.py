@@ -10,14 +10,19 @@ from quart import Response, request
 from quart_trio import QuartTrio
 
 from api.http import Ctx, deps, dumps, endpoint, json_response
-from api.idempotency import idempotent_write
+from api.idempotency import idem_key, respond
+from registry.changes import Outcome
 from registry.errors import Invalid, NotFound
-from registry.service import parse_sequence
-from registry.store import IdemKey
+from registry.usecases.common import parse_sequence
 
 
 def _etag(sequence: int) -> str:
     return f'"s{sequence}"'
+
+
+def _entry_headers(ctx: Ctx, outcome: Outcome) -> None:
+    if outcome.refusal is None and outcome.sequence is not None:
+        ctx.extra_headers["ETag"] = _etag(outcome.sequence)
 
 
 def _matches(if_none_match: str | None, etag: str) -> bool:
@@ -41,50 +46,34 @@ def register(app: QuartTrio) -> None:
     @app.post("/v1/entries")
     @endpoint("write", auth="required", body_limit="entry_body_bytes")
     async def create_entry(ctx: Ctx) -> Response:
-        data = ctx.json()
         assert ctx.principal is not None
-        principal = ctx.principal
-
-        async def effect(idem: IdemKey) -> tuple[int, str, int | None]:
-            served = await deps().registry.create_entry(principal, data, idem)
-            if served.replayed is None:
-                ctx.extra_headers["ETag"] = _etag(served.sequence)
-                ctx.extra_headers["Location"] = "/v1/entries/" + quote(data["entryDid"], safe=":")
-            return 201, served.doc, served.replayed
-
-        return await idempotent_write(ctx, "create_entry", effect)
+        idem = idem_key(ctx, "create_entry")
+        outcome = await deps().entries.create(ctx.principal, ctx.json(), idem)
+        _entry_headers(ctx, outcome)
+        if outcome.refusal is None:
+            ctx.extra_headers["Location"] = "/v1/entries/" + quote(ctx.json()["entryDid"], safe=":")
+        return respond(ctx, outcome, 201)
 
     @app.put("/v1/entries/<did>")
     @endpoint("write", auth="required", body_limit="entry_body_bytes")
     async def update_entry(ctx: Ctx, did: str) -> Response:
-        data = ctx.json()
         assert ctx.principal is not None
-        principal = ctx.principal
-
-        async def effect(idem: IdemKey) -> tuple[int, str, int | None]:
-            served = await deps().registry.update_entry(principal, did, data, idem)
-            if served.replayed is None:
-                ctx.extra_headers["ETag"] = _etag(served.sequence)
-            return 200, served.doc, served.replayed
-
-        return await idempotent_write(ctx, "update_entry", effect)
+        idem = idem_key(ctx, "update_entry")
+        outcome = await deps().entries.update(ctx.principal, did, ctx.json(), idem)
+        _entry_headers(ctx, outcome)
+        return respond(ctx, outcome, 200)
 
     @app.delete("/v1/entries/<did>")
     @endpoint("write", auth="required")
     async def delete_entry(ctx: Ctx, did: str) -> Response:
         assert ctx.principal is not None
-        principal = ctx.principal
-
-        async def effect(idem: IdemKey) -> tuple[int, str, int | None]:
-            served = await deps().registry.delete_entry(principal, did, idem)
-            return 200, served.doc, served.replayed
-
-        return await idempotent_write(ctx, "delete_entry", effect)
+        idem = idem_key(ctx, "delete_entry")
+        return respond(ctx, await deps().entries.delete(ctx.principal, did, idem), 200)
 
     @app.get("/v1/entries/<did>")
     @endpoint("read")
     async def get_entry(ctx: Ctx, did: str) -> Response:
-        served = await deps().registry.get_entry(did)
+        served = await deps().entries.get(did)
         etag = _etag(served.sequence)
         if _matches(request.headers.get("If-None-Match"), etag):
             response = Response(b"", status=304, headers={"ETag": etag})
@@ -95,14 +84,14 @@ def register(app: QuartTrio) -> None:
     @app.get("/v1/entries/<did>/lineage")
     @endpoint("read")
     async def get_entry_lineage(ctx: Ctx, did: str) -> Response:
-        served = await deps().registry.get_entry(did)
+        served = await deps().entries.get(did)
         lineage = json.loads(served.doc).get("lineageReference")
         return json_response(dumps({"entryDid": did, "lineage": lineage}))
 
     @app.get("/v1/entries/<did>/versions")
     @endpoint("read")
     async def list_entry_versions(ctx: Ctx, did: str) -> Response:
-        docs, cursor, has_more, total = await deps().registry.list_versions(
+        docs, cursor, has_more, total = await deps().entries.list_versions(
             did, limit=_int_param("limit"), cursor=request.args.get("cursor")
         )
         head = '{"entryDid":' + dumps(did) + ',"versions":[' + ",".join(docs) + "]"
@@ -119,5 +108,5 @@ def register(app: QuartTrio) -> None:
             if re.fullmatch(r"[1-9][0-9]*", sequence):  # well-formed, beyond any sequence
                 raise NotFound("no such version of this entry", code="version_not_found")
             raise Invalid("sequence must be a positive integer", code="invalid_sequence")
-        doc = await deps().registry.get_version(did, number)
+        doc = await deps().entries.get_version(did, number)
         return json_response(doc)

@@ -18,16 +18,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import trio
-from quart import Response, current_app, request
+from quart import Response, current_app, has_request_context, request, websocket
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from actors.ratelimiter import RateLimiter
 from api.errors import error_response
 from registry import canonical
+from registry.caches import FollowedCache
 from registry.config import Config
 from registry.errors import Invalid, RateLimited, TooLarge, Unauthorized, UnsupportedMediaType
 from registry.ratelimit import Decision
-from registry.service import Principal, Registry
+from registry.store import Store
+from registry.usecases.common import Principal
+from registry.usecases.discovery import Discovery
+from registry.usecases.entries import Entries
+from registry.usecases.sessions import Sessions
 
 SESSION_COOKIE = "registry_session"
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
@@ -35,11 +40,19 @@ _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
 
 @dataclass
 class Deps:
-    """What routes need, attached to the app as `app.deps`."""
+    """What routes need, attached to the app as `app.deps` by the composition root."""
 
-    registry: Registry
+    entries: Entries
+    sessions: Sessions
+    discovery: Discovery
+    store: Store
     limiter: RateLimiter
     config: Config
+    caches: list[FollowedCache[Any, Any]]
+
+    @property
+    def registry_did(self) -> str:
+        return self.sessions.did
 
 
 def deps() -> Deps:
@@ -76,7 +89,8 @@ _ID_COUNTER = itertools.count(1)
 
 
 def new_request_id() -> str:
-    supplied = request.headers.get("X-Request-Id", "")
+    headers = request.headers if has_request_context() else websocket.headers
+    supplied = headers.get("X-Request-Id", "")
     if supplied and _REQUEST_ID.match(supplied):
         return supplied
     return f"{_ID_PREFIX}{next(_ID_COUNTER):08x}"
@@ -182,7 +196,7 @@ def endpoint(
                     token = bearer_token()
                     if token is not None:
                         try:
-                            ctx.principal = await d.registry.authenticate(token)
+                            ctx.principal = await d.sessions.authenticate(token)
                         except Unauthorized:
                             # Failed attempts spend the client address's bucket: guessing
                             # tokens is throttled like any other traffic.

@@ -1,32 +1,30 @@
-"""Idempotency for every mutating operation (design §6).
+"""The edge of idempotency (design §6): the key and fingerprint in, the outcome out as HTTP.
 
-Scope (principal or anonymous) × operation × `Idempotency-Key`. The request's fingerprint is
-SHA-256 over method, path and JCS of the body, so whitespace and member order do not matter.
-A completed request is replayed with `Idempotent-Replayed: true`; a different request under the
-same key is 409 `idempotency_conflict`; the same key while the first is still running is 409
-`idempotency_in_progress`. Success outcomes are recorded by the store in the transaction of
-their effect; 4xx outcomes are recorded afterwards; 5xx outcomes are not recorded at all.
+The mechanism itself is below the API (`registry.changes.ChangeLog` and the store's append
+path): this module only reads the `Idempotency-Key` header, fingerprints the request (SHA-256
+over method, path and JCS of the body, so whitespace and member order do not matter), and maps
+an `Outcome` to a response: a result with the operation's success status, a refusal as its error,
+and `Idempotent-Replayed: true` on either when it is the key's recorded outcome.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Awaitable, Callable
 
-import trio
 from quart import Response, request
 
-from api.errors import error_body
-from api.http import Ctx, deps, json_response
+from api.http import Ctx, json_response
 from registry import canonical
-from registry.errors import Conflict, Invalid, RegistryError
-from registry.store import IdemKey
+from registry.changes import IdemKey, Outcome
+from registry.errors import Invalid
 
 HEADER = "Idempotency-Key"
-LEASE_SECONDS = 60.0
 
 
-def _key_from_header() -> str:
+def idem_key(ctx: Ctx, operation: str, *, scope: str | None = None) -> IdemKey:
+    """The request's idempotency key (400 when the header is missing or malformed).
+
+    Scope: the principal (or "anonymous") unless the operation names another."""
     key = request.headers.get(HEADER)
     if key is None or key == "":
         raise Invalid(f"the {HEADER} header is required", code="idempotency_key_required")
@@ -34,7 +32,9 @@ def _key_from_header() -> str:
         raise Invalid(
             f"{HEADER} must be 1-255 visible ASCII characters", code="idempotency_key_invalid"
         )
-    return key
+    if scope is None:
+        scope = ctx.principal.did if ctx.principal else "anonymous"
+    return IdemKey(scope, operation, key, fingerprint(request.method, request.path, ctx))
 
 
 def fingerprint(method: str, path: str, ctx: Ctx) -> bytes:
@@ -42,95 +42,10 @@ def fingerprint(method: str, path: str, ctx: Ctx) -> bytes:
     return hashlib.sha256(b"\0".join([method.encode(), path.encode(), canonical_body])).digest()
 
 
-async def idempotent(
-    ctx: Ctx,
-    operation: str,
-    effect: Callable[[IdemKey], Awaitable[tuple[int, str, bool]]],
-    *,
-    scope: str | None = None,
-) -> Response:
-    """Run `effect` at most once per key. `effect` returns (status, body, recorded) where
-    `recorded` says the store already wrote the idempotency record with the effect."""
-    key = _key_from_header()
-    if scope is None:
-        scope = ctx.principal.did if ctx.principal else "anonymous"
-    idem = IdemKey(scope, operation, key, fingerprint(request.method, request.path, ctx))
-    store = deps().registry.store
-    state = await store.idem_begin(idem, LEASE_SECONDS)
-    if state.outcome == "done":
-        if state.fingerprint != idem.fingerprint:
-            raise Conflict(
-                f"this {HEADER} was already used for a different request",
-                code="idempotency_conflict",
-            )
-        assert state.status is not None
-        assert state.response is not None
-        return json_response(state.response, state.status, Idempotent_Replayed="true")
-    if state.outcome == "running":
-        if state.fingerprint != idem.fingerprint:
-            raise Conflict(
-                f"this {HEADER} is in use by a different request", code="idempotency_conflict"
-            )
-        raise Conflict(
-            f"a request with this {HEADER} is still running", code="idempotency_in_progress"
-        )
-    try:
-        status, body, recorded = await effect(idem)
-    except RegistryError as exc:
-        if exc.status < 500 and exc.code != "idempotency_conflict":
-            body = error_body(exc.code, exc.message, ctx.request_id, exc.details)
-            await _finish(idem, exc.status, body)
-        else:
-            await _finish(idem, None, None)
-        raise
-    except BaseException:
-        await _finish(idem, None, None)
-        raise
-    if not recorded:
-        await _finish(idem, status, body)
+def respond(ctx: Ctx, outcome: Outcome, status: int) -> Response:
+    """The response to an idempotent operation's outcome; a refusal is raised as its error
+    (the endpoint maps it), carrying the replay header when it was recorded before."""
+    if outcome.replayed:
+        ctx.extra_headers["Idempotent-Replayed"] = "true"
+    body = outcome.unwrap()
     return json_response(body, status)
-
-
-async def idempotent_write(
-    ctx: Ctx,
-    operation: str,
-    effect: Callable[[IdemKey], Awaitable[tuple[int, str, int | None]]],
-) -> Response:
-    """Like `idempotent`, for entry changes whose store write checks and records the key itself
-    in one round trip. `effect` returns (status, body, replayed status or None).
-
-    A concurrent duplicate waits for the first to commit and then receives its replay (it never
-    sees 409 idempotency_in_progress). An error outcome is answered from the key's record when
-    one exists, else recorded (4xx) so that a retry of the same request answers the same.
-    """
-    key = _key_from_header()
-    scope = ctx.principal.did if ctx.principal else "anonymous"
-    idem = IdemKey(scope, operation, key, fingerprint(request.method, request.path, ctx))
-    store = deps().registry.store
-    try:
-        status, body, replayed = await effect(idem)
-    except RegistryError as exc:
-        if exc.status >= 500:
-            raise
-        state = await store.idem_lookup(idem)
-        if state is not None:
-            if state.fingerprint != idem.fingerprint:
-                raise Conflict(
-                    f"this {HEADER} was already used for a different request",
-                    code="idempotency_conflict",
-                ) from None
-            assert state.status is not None
-            assert state.response is not None
-            return json_response(state.response, state.status, Idempotent_Replayed="true")
-        await _finish(
-            idem, exc.status, error_body(exc.code, exc.message, ctx.request_id, exc.details)
-        )
-        raise
-    if replayed is not None:
-        return json_response(body, replayed, Idempotent_Replayed="true")
-    return json_response(body, status)
-
-
-async def _finish(idem: IdemKey, status: int | None, body: str | None) -> None:
-    with trio.CancelScope(shield=True), trio.move_on_after(5):
-        await deps().registry.store.idem_finish(idem, status, body)

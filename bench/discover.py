@@ -373,8 +373,8 @@ def zipf_requests(population: list[str], exponent: float, count: int, seed: int)
 
 class BackgroundWriter:
     """Commits `rate` entry changes a second into the bench database while it runs, through the
-    same SQL function as the service's writes (entry_write_batch), so every process's log
-    follower hears each change and clears its discovery cache, as in a registry in use.
+    service's one append path (append_changes), so every process's log actor hears each change
+    and its cache keeper drops the discovery pages it moves, as in a registry in use.
     New unsigned entries: discovery neither needs nor checks signatures on stored entries."""
 
     def __init__(self, url: str, rate: float) -> None:
@@ -406,6 +406,9 @@ class BackgroundWriter:
     async def _write(self) -> None:
         import asyncpg
 
+        from registry.store.pg import append_payload
+        from registry.usecases.entries import entry_change
+
         conn = await asyncpg.connect(self.url, timeout=10)
         try:
             period = 1.0 / self.rate
@@ -425,13 +428,19 @@ class BackgroundWriter:
                     "updatedAt": "2026-11-01T00:00:00Z",
                 }
                 text = json.dumps(doc, separators=(",", ":"))
+                change = entry_change(
+                    "entry.created",
+                    did=did,
+                    expected_head=None,
+                    publisher=doc["publisherDid"],
+                    entry_type=doc["entryType"],
+                    lifecycle="active",
+                    prefix=text[:-1] + ',"sequence":',
+                    suffix="}",
+                )
                 await conn.fetch(
-                    "SELECT * FROM entry_write_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10,"
-                    " $11, $12, $13)",
-                    ["create"], [did], [None], [doc["publisherDid"]], [doc["entryType"]],
-                    ["active"], [text[:-1] + ',"sequence":'], ["}"],
-                    [None], [None], [None], [None], [None],
-                )  # fmt: skip
+                    "SELECT * FROM append_changes($1::jsonb)", append_payload([(change, None)])
+                )
                 self.written += 1
                 next_at += period
                 await asyncio.sleep(max(0.0, next_at - time.monotonic()))

@@ -99,7 +99,7 @@ def run_bare_server(port: int) -> None:
     async def bare() -> Response:
         return Response(body, status=200, content_type="application/json")
 
-    # The settings of api.server._hypercorn_config, so that only the application differs.
+    # The settings of service.serve._hypercorn_config, so that only the application differs.
     config = HyperConfig()
     config.bind = [f"127.0.0.1:{port}"]
     config.accesslog = None
@@ -973,7 +973,7 @@ def main_bench(args: argparse.Namespace) -> int:
         bare_b = bare("bare-b", 1) if two else None
         reg_b = registry("registry-b", 1) if two else None
 
-        from registry.client import RegistryClient
+        from api.client import RegistryClient
         from registry.keys import SigningKey
 
         key = SigningKey(bench.seed)

@@ -65,7 +65,8 @@ def make_doc(i: int, rng: random.Random, now: datetime) -> dict[str, Any]:
 
 
 async def seed(conn: asyncpg.Connection, count: int, *, batch: int = 5000, seed: int = 7) -> None:
-    """Insert `count` entries (sequences 1..count) and advance the log head past them."""
+    """Insert `count` entries and their log records (the next sequences) and advance the log
+    head past them."""
     rng = random.Random(seed)
     now = datetime(2026, 11, 1, tzinfo=UTC)
     start = int(await conn.fetchval("SELECT seq FROM log_head")) + 1
@@ -78,6 +79,15 @@ async def seed(conn: asyncpg.Connection, count: int, *, batch: int = 5000, seed:
                 INSERT INTO entry_versions (seq, entry_did, publisher_did, lifecycle, doc)
                 SELECT (d->>'sequence')::bigint, d->>'entryDid', d->>'publisherDid',
                        d->>'lifecycleStatus', t
+                FROM docs
+            ),
+            records AS (  -- every log position is a record (the log actor reads them in order)
+                INSERT INTO log (seq, kind, entry_did, data)
+                SELECT (d->>'sequence')::bigint, 'entry.created', d->>'entryDid',
+                       jsonb_build_object('entryType', d->>'entryType',
+                                          'publisherDid', d->>'publisherDid',
+                                          'lifecycleStatus', d->>'lifecycleStatus',
+                                          'name', d->>'name', 'version', d->>'version')
                 FROM docs
             )
             INSERT INTO entries (entry_did, head_seq, created_seq, publisher_did, entry_type,

@@ -9,7 +9,9 @@ the door instead of being silently altered:
 * NaN, Infinity and numbers that overflow a double;
 * duplicate member names (which member would the signer have meant?);
 * lone UTF-16 surrogates in strings or member names (they have no UTF-8 encoding);
-* invalid UTF-8, and nesting deeper than `MAX_DEPTH`.
+* invalid UTF-8, and nesting deeper than `MAX_DEPTH`;
+* U+0000 in any string or member name: PostgreSQL can store it neither in text nor in jsonb,
+  so a document holding one could never be stored byte for byte (the error names where it is).
 
 `canonicalize` is our own JCS serializer: the `jcs` package rounds unsafe integers through float
 without a word and is ~10x slower; tests cross-check the two on RFC 8785's vectors and on
@@ -30,6 +32,7 @@ MAX_SAFE_INTEGER = 2**53 - 1
 MAX_DEPTH = 64
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
+_FORBIDDEN = re.compile("[\ud800-\udfff\x00]")
 
 JSONValue = Any  # None | bool | int | float | str | list[JSONValue] | dict[str, JSONValue]
 
@@ -38,6 +41,17 @@ class _Rejected(ValueError):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code = code
+        self.path: list[str] = []  # JSON Pointer tokens of where, innermost last
+
+    def pointer(self) -> str:
+        return "".join("/" + t.replace("~", "~0").replace("/", "~1") for t in self.path)
+
+
+def _string_rule(text: str, what: str) -> None:
+    if _FORBIDDEN.search(text):  # one scan for both rules on the common, clean path
+        if "\x00" in text:
+            raise _Rejected("nul_character", f"{what} contains U+0000 (NUL)")
+        raise _Rejected("lone_surrogate", f"{what} contains a lone UTF-16 surrogate")
 
 
 def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -88,16 +102,22 @@ def _check_tree(value: Any, depth: int) -> None:
     if isinstance(value, dict | list) and depth >= MAX_DEPTH:
         raise _Rejected("too_deep", f"JSON nesting deeper than {MAX_DEPTH} levels")
     if isinstance(value, str):
-        if _SURROGATE.search(value):
-            raise _Rejected("lone_surrogate", "string contains a lone UTF-16 surrogate")
+        _string_rule(value, "string")
     elif isinstance(value, dict):
         for key, item in value.items():
-            if _SURROGATE.search(key):
-                raise _Rejected("lone_surrogate", "member name contains a lone UTF-16 surrogate")
-            _check_tree(item, depth + 1)
+            _string_rule(key, "member name")  # the pointer stops at its object
+            try:
+                _check_tree(item, depth + 1)
+            except _Rejected as exc:
+                exc.path.insert(0, key)
+                raise
     elif isinstance(value, list):
-        for item in value:
-            _check_tree(item, depth + 1)
+        for index, item in enumerate(value):
+            try:
+                _check_tree(item, depth + 1)
+            except _Rejected as exc:
+                exc.path.insert(0, str(index))
+                raise
 
 
 def parse_strict(raw: bytes | str) -> JSONValue:
@@ -118,7 +138,10 @@ def parse_strict(raw: bytes | str) -> JSONValue:
         value = _DECODER.decode(text)
         _check_tree(value, 0)
     except _Rejected as exc:
-        raise Invalid(str(exc), code="invalid_json", details={"rule": exc.code}) from None
+        details = {"rule": exc.code}
+        if exc.path and exc.code != "too_deep":
+            details["pointer"] = exc.pointer()
+        raise Invalid(str(exc), code="invalid_json", details=details) from None
     except RecursionError:
         raise Invalid(
             f"JSON nesting deeper than {MAX_DEPTH} levels",

@@ -143,6 +143,19 @@ class FederationConfig(_Section):
     peers: list[PeerConfig] = Field(default_factory=list)
 
 
+class EventsConfig(_Section):
+    """The WebSocket event stream (docs/events.md)."""
+
+    queue_size: Annotated[int, Field(ge=1, le=1_000_000)] = 1024  # records a subscriber may lag
+    heartbeat_seconds: Annotated[float, Field(gt=0)] = 20.0  # a heartbeat after this much quiet
+    idle_seconds: Annotated[float, Field(gt=0)] = 60.0  # close a socket with no subscription
+    send_timeout_seconds: Annotated[float, Field(gt=0)] = 30.0  # a client that takes no data
+    max_connections: Annotated[int, Field(ge=1)] = 10_000
+    max_message_bytes: Annotated[int, Field(ge=256)] = 16 * 1024  # a client message
+    messages_per_minute: Annotated[int, Field(ge=1)] = 120  # client messages per socket
+    poll_seconds: Annotated[float, Field(gt=0)] = 5.0  # read the log anyway after this silence
+
+
 class LoggingConfig(_Section):
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     format: Literal["json", "text"] = "text"
@@ -155,6 +168,7 @@ class Config(_Section):
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     anchoring: AnchoringConfig = Field(default_factory=AnchoringConfig)
     federation: FederationConfig = Field(default_factory=FederationConfig)
+    events: EventsConfig = Field(default_factory=EventsConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
 
 

@@ -77,3 +77,9 @@ class Backoff:
     def delay(self, failures: int) -> float:
         exponent = min(max(0, failures - 1), 64)  # bounded: factor ** 1024 overflows a float
         return min(self.maximum, self.initial * self.factor**exponent)
+
+    def jittered(self, failures: int, draw: float) -> float:
+        """`delay` with "equal jitter": uniformly in [delay/2, delay) for `draw` in [0, 1), so
+        processes that failed together do not retry together."""
+        base = self.delay(failures)
+        return base / 2 + base / 2 * min(max(draw, 0.0), 1.0)

@@ -18,21 +18,14 @@ from typing import Any
 
 import asyncpg
 import pytest
-import trio
 import trio_asyncio
 
-from actors.ratelimiter import RateLimiter
-from actors.writer import EntryWriter
-from api.app import create_app
-from api.http import Deps
-from api.server import follow_log
 from registry.config import Config, load_config
 from registry.identity import DidKeyIdentity, IdentityResolver
 from registry.keys import SigningKey
-from registry.ratelimit import Rate
-from registry.service import Registry
 from registry.store.migrate import _migrate, load_migrations
 from registry.store.pg import open_pg_store
+from service.wiring import Service, open_service
 
 LOCAL_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 
@@ -98,44 +91,28 @@ def make_config(database_url: str, tmp_path: Path, **sections: dict[str, Any]) -
 
 
 class Harness:
-    """The app over real PostgreSQL, its registry and a test client."""
+    """The service over real PostgreSQL, wired as `registry serve` wires it, and a test client."""
 
-    def __init__(self, registry: Registry, client: Any, config: Config) -> None:
-        self.registry = registry
+    def __init__(self, service: Service, client: Any) -> None:
+        self.service = service
         self.client = client
-        self.config = config
+        self.config = service.config
+        self.store = service.store
+        self.deps = service.deps
 
 
 async def open_harness(
     config: Config, identity: IdentityResolver | None = None
 ) -> AsyncIterator[Harness]:
-    async with trio_asyncio.open_loop(), open_pg_store(config.database.url) as store:
-        writer = EntryWriter(store)
-        registry = Registry(
-            store=store,
-            config=config,
-            key=SigningKey.generate(),
-            identity=identity or DidKeyIdentity(),
-            write_entry=writer.write,
-        )
-        limits = config.limits
-        limiter = RateLimiter(
-            {
-                "read": Rate(limits.read_per_minute),
-                "write": Rate(limits.write_per_minute),
-                "query": Rate(limits.query_per_minute),
-            }
-        )
-        app = create_app(Deps(registry=registry, limiter=limiter, config=config))
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(limiter.run)
-            nursery.start_soon(writer.run)
-            await nursery.start(
-                follow_log, store, registry.cache, registry.sessions, registry.results
-            )
-            async with app.test_app() as test_app:
-                yield Harness(registry, test_app.test_client(), config)
-            nursery.cancel_scope.cancel()
+    async with (
+        trio_asyncio.open_loop(),
+        open_pg_store(config.database.url) as store,
+        open_service(
+            config, store, key=SigningKey.generate(), identity=identity or DidKeyIdentity()
+        ) as service,
+        service.app.test_app() as test_app,
+    ):
+        yield Harness(service, test_app.test_client())
 
 
 @pytest.fixture

@@ -6,9 +6,11 @@ import secrets
 import uuid
 from typing import Any
 
+from registry.changes import Change
 from registry.entries import sign_entry
 from registry.keys import SigningKey
 from registry.signin import build_response
+from registry.usecases.entries import entry_change
 
 
 def new_did() -> str:
@@ -57,3 +59,19 @@ async def sign_in(client: Any, key: SigningKey, audience: str = "tests") -> str:
 
 def bearer(token: str, **extra: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}", **extra}
+
+
+def entry_created(did: str | None = None, *, entry_type: str = "AgentDefinition") -> Change:
+    """A minimal `entry.created` change for tests below the HTTP layer (the document is a stub:
+    the store writes it as given)."""
+    did = did or new_did()
+    return entry_change(
+        "entry.created",
+        did=did,
+        expected_head=None,
+        publisher="did:web:publisher.example",
+        entry_type=entry_type,
+        lifecycle="active",
+        prefix=f'{{"entryDid":"{did}","sequence":',
+        suffix="}",
+    )

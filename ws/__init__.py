@@ -1,4 +1,1 @@
-"""The WebSocket event subscription (`/v1/events`, design §10).
-
-Not built yet: no route is served.
-"""
+"""The WebSocket edge: the event subscription `/v1/events` (design §10, docs/events.md)."""

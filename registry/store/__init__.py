@@ -6,31 +6,16 @@ protocol keeps the driver swappable and lets pure code be tested without a datab
 
 from __future__ import annotations
 
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from registry.errors import Conflict, NotFound, RegistryError, Unavailable
+from registry.changes import Change, IdemKey, LogRecord, Outcome, Refusal
 
 if TYPE_CHECKING:
-    from registry.store.discover import Plan
+    from registry.query import RegistryQuery
 
-
-@dataclass(frozen=True)
-class IdemKey:
-    """Where an idempotency record lives and what request it stands for."""
-
-    scope: str  # principal DID, peer DID, or "anonymous"
-    operation: str
-    key: str
-    fingerprint: bytes
-
-
-@dataclass(frozen=True)
-class IdemState:
-    outcome: str  # "claimed" | "done" | "running"
-    fingerprint: bytes
-    status: int | None
-    response: str | None
+__all__ = ["Change", "EntryHead", "IdemKey", "LogRecord", "Outcome", "SessionRecord", "Store"]
 
 
 @dataclass(frozen=True)
@@ -52,77 +37,39 @@ class SessionRecord:
     expires_at_ms: int
 
 
-@dataclass(frozen=True)
-class LogRecord:
-    seq: int
-    kind: str
-    entry_did: str | None
-    at_ms: int
-    data: dict[str, Any]
+class LogWakeups(Protocol):
+    """Wake-ups of a log reader: the log may have grown (in this or any other process)."""
 
-
-@dataclass(frozen=True)
-class EntryWrite:
-    """One accepted change to an entry; the store assigns its sequence."""
-
-    kind: str  # entry.created | entry.updated | entry.deleted
-    entry_did: str
-    expected_head: int | None  # None: create (the DID must be new)
-    publisher_did: str
-    entry_type: str
-    lifecycle: str
-    prefix: str  # served JSON = prefix ‖ sequence ‖ suffix
-    suffix: str
-    status: int  # HTTP status recorded for an idempotent replay
-
-
-_REFUSALS: dict[str, tuple[type[RegistryError], str]] = {
-    "entry_exists": (Conflict, "an entry with this DID exists or existed"),
-    "entry_not_found": (NotFound, "entry not found"),
-    "sequence_conflict": (Conflict, "the entry changed since the version this request is based on"),
-    "idempotency_conflict": (Conflict, "this Idempotency-Key was already used for another request"),
-}
-
-
-@dataclass(frozen=True)
-class WriteOutcome:
-    """What became of one item of a write batch: written, replayed, or refused (`error`)."""
-
-    seq: int | None
-    doc: str
-    replay_status: int | None
-    error: str | None
-
-    def result(self) -> tuple[int | None, str, int | None]:
-        """(seq, doc, None) when written, (None, response, status) when replayed; a refusal
-        raises its domain error."""
-        if self.error is not None:
-            kind, message = _REFUSALS.get(self.error, (Unavailable, "the write was refused"))
-            raise kind(message, code=self.error)
-        return self.seq, self.doc, self.replay_status
+    async def wait(self) -> None:
+        """Return when the log may have grown; raise `Unavailable` once the listening
+        connection is lost (whatever was appended since must be read from the log)."""
+        ...
 
 
 class Store(Protocol):
+    """Everything the service needs from persistence (the PostgreSQL adapter and the in-memory
+    fake of the tests both implement all of it)."""
+
     async def ping(self) -> None: ...
     async def schema_version(self) -> int: ...
 
-    async def idem_begin(self, key: IdemKey, lease_seconds: float) -> IdemState: ...
-    async def idem_finish(self, key: IdemKey, status: int | None, response: str | None) -> None: ...
+    # The one write path (registry.changes): apply changes in order, in one transaction.
+    async def append(self, items: list[tuple[Change, IdemKey | None]]) -> list[Outcome]: ...
+    async def record_refusal(self, idem: IdemKey, refusal: Refusal) -> Outcome: ...
 
-    async def write_entry(
-        self, write: EntryWrite, idem: IdemKey | None
-    ) -> tuple[int | None, str, int | None]: ...
-    async def idem_lookup(self, key: IdemKey) -> IdemState | None: ...
-    async def write_entries(
-        self, items: list[tuple[EntryWrite, IdemKey | None]]
-    ) -> list[WriteOutcome]: ...
     async def get_entry_head(self, entry_did: str) -> EntryHead | None: ...
     async def list_versions(
         self, entry_did: str, before_seq: int | None, limit: int
     ) -> tuple[list[str], int]: ...
     async def get_version(self, entry_did: str, seq: int) -> str | None: ...
 
-    async def discover(self, plan: Plan) -> tuple[list[tuple[str, list[Any]]], int]: ...
+    async def discover(
+        self, query: RegistryQuery, *, limit: int, after: list[Any] | None
+    ) -> tuple[list[tuple[str, list[Any]]], int]:
+        """Up to `limit` + 1 matches of `query` after the keyset position `after` (each served
+        document with its sort values), and the count of all matches (capped)."""
+        ...
+
     async def change_versions(
         self, changes: list[tuple[int, str]], texts: list[str]
     ) -> dict[int, list[tuple[str, list[str]]]]: ...
@@ -133,7 +80,8 @@ class Store(Protocol):
     async def get_challenge(self, nonce: str) -> dict[str, Any] | None: ...
     async def open_session(self, nonce: str, token_hash: bytes, session: SessionRecord) -> bool: ...
     async def get_session(self, token_hash: bytes) -> SessionRecord | None: ...
-    async def revoke_session(self, token_hash: bytes) -> bool: ...
+    async def purge_expired(self) -> dict[str, int]: ...
 
     async def log_after(self, after_seq: int, limit: int) -> list[LogRecord]: ...
     async def log_head(self) -> int: ...
+    def listen_log(self) -> AbstractAsyncContextManager[LogWakeups]: ...

@@ -4,9 +4,10 @@ Each public method is one asyncio coroutine run with `aio_as_trio`, so a use-cas
 Trio/asyncio seam once per store call, and every write is a single statement (a plpgsql function)
 that commits on its own: one round trip, one transaction, nothing half-applied.
 
-Entry changes go through `entry_write_batch`, which reports each item's domain refusal as data
-(`WriteOutcome`), never as an SQL error. Driver failures are translated here: a lost connection
-or a query past its deadline becomes `Unavailable`.
+Every change goes through `append_changes` (migration 0008), the one append path: the kind's
+handler function is named by `HANDLERS`, and a refusal comes back as data, never as an SQL
+error. Driver failures are translated here: a lost connection or a query past its deadline
+becomes `Unavailable`.
 """
 
 from __future__ import annotations
@@ -21,17 +22,11 @@ import asyncpg
 import trio
 import trio_asyncio
 
-from registry.errors import Unavailable
-from registry.store import (
-    EntryHead,
-    EntryWrite,
-    IdemKey,
-    IdemState,
-    LogRecord,
-    SessionRecord,
-    WriteOutcome,
-)
-from registry.store.discover import Plan
+from registry.changes import IDEMPOTENCY_CONFLICT, Change, IdemKey, LogRecord, Outcome, Refusal
+from registry.errors import Invalid, Unavailable
+from registry.query import RegistryQuery
+from registry.store import EntryHead, SessionRecord
+from registry.store.discover import Plan, compile_discover
 from registry.store.pool import LeanPool
 
 log = logging.getLogger(__name__)
@@ -55,11 +50,18 @@ SESSION_SETTINGS: dict[str, str] = {
 
 
 def _translate(exc: BaseException) -> BaseException:
+    if isinstance(exc, asyncpg.exceptions.DataError):  # SQLSTATE class 22: a value it refuses
+        return Invalid(
+            "the database cannot store a value of this request",
+            code="value_not_storable",
+            details={"sqlstate": exc.sqlstate},
+        )
     if isinstance(
         exc,
         asyncpg.exceptions.ConnectionDoesNotExistError
+        | asyncpg.exceptions.PostgresConnectionError  # SQLSTATE class 08
+        | asyncpg.exceptions.InsufficientResourcesError  # class 53, e.g. too many connections
         | asyncpg.exceptions.CannotConnectNowError
-        | asyncpg.exceptions.TooManyConnectionsError
         | asyncpg.exceptions.InternalClientError
         | asyncpg.exceptions.OperatorInterventionError  # e.g. the server is shutting down
         | ConnectionError
@@ -99,6 +101,53 @@ def _seam(fn: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, Coroutine[Any,
     return call
 
 
+# The SQL handler of each kind of change (a function of migrations/). A new kind adds one.
+HANDLERS: dict[str, str] = {
+    "entry.created": "apply_entry_version",
+    "entry.updated": "apply_entry_version",
+    "entry.deleted": "apply_entry_version",
+    "entry.transferred": "apply_entry_version",
+    "session.revoked": "apply_session_revoked",
+}
+
+
+def _change_json(change: Change, idem: IdemKey | None) -> dict[str, Any]:
+    item: dict[str, Any] = {
+        "kind": change.kind,
+        "handler": HANDLERS[change.kind],
+        "subject": change.subject,
+        "rows": change.rows,
+        "event": change.event,
+    }
+    if idem is not None:
+        item["idem"] = {
+            "scope": idem.scope,
+            "operation": idem.operation,
+            "key": idem.key,
+            "fingerprint": idem.fingerprint.hex(),
+        }
+    return item
+
+
+def append_payload(items: list[tuple[Change, IdemKey | None]]) -> str:
+    """The argument of `append_changes` (migration 0008) for `items`, as JSON text."""
+    return json.dumps(
+        [_change_json(change, idem) for change, idem in items],
+        ensure_ascii=False,
+        separators=(",", ":"),
+    )
+
+
+def _outcome(row: Any) -> Outcome:
+    refusal = row["refusal"]
+    return Outcome(
+        row["seq"],
+        row["result"],
+        None if refusal is None else Refusal.from_json(json.loads(refusal)),
+        row["replayed"],
+    )
+
+
 def _ms(value: Any) -> int:
     return int(value.timestamp() * 1000)
 
@@ -120,97 +169,44 @@ class PgStore:
         value = await self._pool.fetchval("SELECT coalesce(max(version), 0) FROM schema_migrations")
         return int(value)
 
-    # --- idempotency ----------------------------------------------------------------------
+    # --- the one append path -------------------------------------------------------------
 
     @_seam
-    async def idem_begin(self, key: IdemKey, lease_seconds: float) -> IdemState:
+    async def append(self, items: list[tuple[Change, IdemKey | None]]) -> list[Outcome]:
+        """Apply `items` in order in one statement and transaction (group commit); each
+        outcome is the change's result and log position, its recorded replay, or its refusal
+        (which wrote nothing and took no position)."""
+        payload = append_payload(items)
+        rows = await self._pool.fetch(
+            "SELECT idx, seq, result, refusal::text AS refusal, replayed"
+            " FROM append_changes($1::jsonb)",
+            payload,
+        )
+        outcomes: list[Outcome | None] = [None] * len(items)
+        for row in rows:
+            outcomes[row["idx"] - 1] = _outcome(row)
+        assert all(o is not None for o in outcomes), "append_changes skipped an item"
+        return outcomes  # type: ignore[return-value]
+
+    @_seam
+    async def record_refusal(self, idem: IdemKey, refusal: Refusal) -> Outcome:
+        """Record `refusal` under `idem` unless the key has an outcome; return the one that
+        stands (a different request's outcome is an idempotency conflict)."""
         row = await self._pool.fetchrow(
-            "SELECT * FROM idem_begin($1, $2, $3, $4, $5)",
-            key.scope,
-            key.operation,
-            key.key,
-            key.fingerprint,
-            lease_seconds,
+            "SELECT fingerprint, seq, result, refusal::text AS refusal, replayed"
+            " FROM record_refusal($1, $2, $3, $4, $5::jsonb)",
+            idem.scope,
+            idem.operation,
+            idem.key,
+            idem.fingerprint,
+            json.dumps(refusal.to_json(), ensure_ascii=False),
         )
         assert row is not None
-        return IdemState(row["outcome"], bytes(row["fingerprint"]), row["status"], row["response"])
-
-    @_seam
-    async def idem_finish(self, key: IdemKey, status: int | None, response: str | None) -> None:
-        await self._pool.execute(
-            "SELECT idem_finish($1, $2, $3, $4, $5, $6)",
-            key.scope,
-            key.operation,
-            key.key,
-            key.fingerprint,
-            status,
-            response,
-        )
+        if bytes(row["fingerprint"]) != idem.fingerprint:
+            return Outcome(None, None, IDEMPOTENCY_CONFLICT)
+        return _outcome(row)
 
     # --- entries --------------------------------------------------------------------------
-
-    async def write_entry(
-        self, write: EntryWrite, idem: IdemKey | None
-    ) -> tuple[int | None, str, int | None]:
-        """(sequence, served JSON, None) for a new change; (None, recorded response, status)
-        when `idem` already completed. A batch of one."""
-        (outcome,) = await self.write_entries([(write, idem)])
-        return outcome.result()
-
-    @_seam
-    async def write_entries(
-        self, items: list[tuple[EntryWrite, IdemKey | None]]
-    ) -> list[WriteOutcome]:
-        """Apply `items` in order in one statement and transaction (group commit).
-
-        Each outcome is the item's (sequence, served JSON), its replay, or its domain error;
-        a failed item writes nothing and takes no sequence number."""
-        columns: list[list[Any]] = [[] for _ in range(13)]
-        for write, idem in items:
-            values = (
-                write.kind,
-                write.entry_did,
-                write.expected_head,
-                write.publisher_did,
-                write.entry_type,
-                write.lifecycle,
-                write.prefix,
-                write.suffix,
-                idem.scope if idem else None,
-                idem.operation if idem else None,
-                idem.key if idem else None,
-                idem.fingerprint if idem else None,
-                write.status,
-            )
-            for column, value in zip(columns, values, strict=True):
-                column.append(value)
-        rows = await self._pool.fetch(
-            "SELECT idx, seq, doc, replay_status, error FROM entry_write_batch("
-            "$1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::text[],"
-            " $7::text[], $8::text[], $9::text[], $10::text[], $11::text[], $12::bytea[],"
-            " $13::integer[])",
-            *columns,
-        )
-        outcomes: list[WriteOutcome] = [WriteOutcome(None, "", None, "missing")] * len(items)
-        for row in rows:
-            outcomes[row["idx"] - 1] = WriteOutcome(
-                row["seq"], row["doc"] or "", row["replay_status"], row["error"]
-            )
-        return outcomes
-
-    @_seam
-    async def idem_lookup(self, key: IdemKey) -> IdemState | None:
-        """The completed outcome recorded under `key`, if any (within its 24 h retention)."""
-        row = await self._pool.fetchrow(
-            "SELECT fingerprint, status, response FROM idempotency WHERE scope = $1"
-            " AND operation = $2 AND key = $3 AND created_at > now() - interval '24 hours'",
-            key.scope,
-            key.operation,
-            key.key,
-        )
-        if row is None:
-            return None
-        return IdemState("done", bytes(row["fingerprint"]), row["status"], row["response"])
 
     @_seam
     async def get_entry_head(self, entry_did: str) -> EntryHead | None:
@@ -281,9 +277,15 @@ class PgStore:
 
     # --- discovery ------------------------------------------------------------------------
 
-    @_seam
-    async def discover(self, plan: Plan) -> tuple[list[tuple[str, list[Any]]], int]:
+    async def discover(
+        self, query: RegistryQuery, *, limit: int, after: list[Any] | None
+    ) -> tuple[list[tuple[str, list[Any]]], int]:
         """One page (doc, sort values) and the (capped) count: one statement, one snapshot."""
+        return await self.run_plan(compile_discover(query, limit=limit, after=after))
+
+    @_seam
+    async def run_plan(self, plan: Plan) -> tuple[list[tuple[str, list[Any]]], int]:
+        """Run a compiled discovery plan (registry.store.discover)."""
         rows = await self._pool.fetch(plan.sql, *plan.params)
         keys = [n for n in rows[0].keys() if n.startswith("k")]  # noqa: SIM118 (a Record iterates values)
         page = [(r["doc"], [r[k] for k in keys]) for r in rows if r["doc"] is not None]
@@ -350,22 +352,11 @@ class PgStore:
         )
 
     @_seam
-    async def revoke_session(self, token_hash: bytes) -> bool:
-        value = await self._pool.fetchval(
-            "WITH revoked AS (UPDATE sessions SET revoked_at = now()"
-            " WHERE token_hash = $1 AND revoked_at IS NULL RETURNING token_hash)"
-            " SELECT pg_notify('registry_session', encode(token_hash, 'hex')) FROM revoked",
-            token_hash,
-        )
-        return value is not None
-
-    @_seam
     async def purge_expired(self) -> dict[str, int]:
-        """Delete expired idempotency records, sessions, challenges and claims."""
+        """Delete expired idempotency records, sessions and challenges."""
         counts: dict[str, int] = {}
         statements = {
             "idempotency": "DELETE FROM idempotency WHERE created_at < now() - interval '24 hours'",
-            "claims": "DELETE FROM idempotency_claims WHERE locked_until < now()",
             "sessions": "DELETE FROM sessions WHERE expires_at < now() - interval '1 day'",
             "challenges": "DELETE FROM challenges WHERE expires_at < now()",
         }
@@ -396,20 +387,41 @@ class PgStore:
     # --- notifications --------------------------------------------------------------------
 
     @asynccontextmanager
+    async def listen_log(self) -> AsyncIterator[Notifications]:
+        """Wake-ups whenever a batch of changes commits (in any process on this database)."""
+        async with self.listen("registry_log") as notes:
+            yield notes
+
+    @asynccontextmanager
     async def listen(self, *channels: str) -> AsyncIterator[Notifications]:
         """Receive NOTIFY payloads of `channels` on a dedicated connection while inside."""
         notes = Notifications()
-        conn = await trio_asyncio.aio_as_trio(self._pool.take)()
-        conn.add_termination_listener(notes.terminated)
+        conn = await _listening_connection(self._pool, channels, notes)
         try:
-            for channel in channels:
-                await trio_asyncio.aio_as_trio(conn.add_listener)(channel, notes.push)
             yield notes
         finally:
             # Closed rather than given back: a LISTEN (or its cancellation) may still be in
             # flight, and a session left listening must not serve requests.
             conn.remove_termination_listener(notes.terminated)
             self._pool.discard(conn)
+
+
+@_seam
+async def _listening_connection(
+    pool: LeanPool, channels: tuple[str, ...], notes: Notifications
+) -> asyncpg.Connection:
+    """A connection of its own listening on `channels`; through the seam, so a refused or slow
+    (re)connect is `Unavailable` within the deadline, like any other store call."""
+    conn = await pool.take()
+    try:
+        conn.add_termination_listener(notes.terminated)
+        for channel in channels:
+            await conn.add_listener(channel, notes.push)
+    except BaseException:
+        conn.remove_termination_listener(notes.terminated)
+        pool.discard(conn)
+        raise
+    return conn
 
 
 class Notifications:
@@ -435,6 +447,11 @@ class Notifications:
         else:
             self._pending.append((channel, payload))
         self._wake.set()
+
+    async def wait(self) -> None:
+        """Return when something was notified (lost notifications included: the log is read
+        anyway); raise `Unavailable` once the listening connection has terminated."""
+        await self.receive()
 
     async def receive(self) -> list[tuple[str, str]] | None:
         """The next batch of (channel, payload), or None when some were lost (start over).

@@ -3,12 +3,14 @@ actor task's periodic sweep of idle buckets."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import trio
 import trio.testing
 
 from actors import ratelimiter
-from actors.ratelimiter import RateLimiter
+from actors.ratelimiter import RateLimiter, run_rate_limiter
 from registry.ratelimit import Decision, Rate
 
 RATES = {"read": Rate(60), "write": Rate(15), "query": Rate(120)}  # 1/s, 1 per 4 s, 2/s
@@ -67,9 +69,8 @@ async def test_unknown_class_is_a_programming_error(
 async def test_actor_task_sweeps_idle_buckets_every_period(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    limiter = RateLimiter(RATES, sweep_every=60.0)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(limiter.run)
+        limiter = await nursery.start(partial(run_rate_limiter, RATES, sweep_every=60.0))
         limiter.acquire("read", "idle")
         await trio.sleep(59.5)
         limiter.acquire("write", "busy")  # refills one token in 4 s: still partial at t=60
@@ -86,9 +87,8 @@ async def test_actor_task_sweeps_idle_buckets_every_period(
 async def test_a_swept_client_starts_again_with_a_full_bucket(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    limiter = RateLimiter(RATES, sweep_every=120.0)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(limiter.run)
+        limiter = await nursery.start(partial(run_rate_limiter, RATES, sweep_every=120.0))
         for _ in range(60):
             limiter.acquire("read", "eve")
         await trio.sleep(121)

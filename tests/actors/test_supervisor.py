@@ -10,8 +10,17 @@ import pytest
 import trio
 import trio.testing
 
-from actors.supervisor import SupervisorStats, supervise
+from actors.supervisor import SupervisorStats
+from actors.supervisor import supervise as supervise_known
 from registry.ratelimit import Backoff
+
+
+async def supervise(name: str, body: Callable[[], Awaitable[None]], **options: object) -> None:
+    """Supervision treating every `Exception` as a known failure, with the jitter's draw at
+    its top (the delay is then exactly the backoff's)."""
+    options.setdefault("known", (Exception,))
+    options.setdefault("draw", lambda: 1.0)
+    await supervise_known(name, body, **options)  # type: ignore[arg-type]
 
 
 class Recorder:
@@ -198,18 +207,44 @@ async def test_base_exceptions_that_are_not_exceptions_propagate(
     assert len(body.starts) == 1
 
 
-async def test_each_crash_is_logged_with_name_delay_and_traceback(
+async def test_each_known_failure_is_logged_with_name_reason_and_delay(
     autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="actors.supervisor")
     await supervise("peer:alpha", Recorder(crash_first(2)))
-    crashes = [r for r in caplog.records if r.levelno == logging.ERROR]
+    crashes = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert [r.getMessage() for r in crashes] == [
-        "actor peer:alpha crashed; restarting in 0.5s",
-        "actor peer:alpha crashed; restarting in 1.0s",
+        "actor peer:alpha failed (RuntimeError: crash 1); restarting in 0.5s",
+        "actor peer:alpha failed (RuntimeError: crash 2); restarting in 1.0s",
     ]
-    assert all(r.exc_info and r.exc_info[0] is RuntimeError for r in crashes)
     assert caplog.records[-1].getMessage() == "actor peer:alpha stopped"
+
+
+async def test_an_unknown_failure_is_a_bug_and_propagates(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    body = Recorder(crash_first(1))
+    with pytest.raises(RuntimeError, match="crash 1"):
+        await supervise_known("worker", body)  # RuntimeError is not a known failure
+    assert len(body.starts) == 1
+
+
+async def test_a_lost_database_is_known_and_retried_with_jitter(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    from registry.errors import Unavailable
+
+    async def script(run: int) -> None:
+        if run <= 3:
+            raise Unavailable("the database is unavailable", code="database_unavailable")
+
+    body = Recorder(script)
+    draws = iter([0.0, 0.5, 0.999])
+    origin = trio.current_time()
+    await supervise_known("log", body, draw=lambda: next(draws))
+    gaps = [b - a for a, b in zip(body.offsets(origin), body.offsets(origin)[1:], strict=False)]
+    # equal jitter: half the backoff, plus the draw's share of the other half
+    assert gaps == pytest.approx([0.25, 0.75, 2.0 * (0.5 + 0.5 * 0.999)])
 
 
 async def test_a_body_that_never_stops_crashing_is_restarted_indefinitely(
@@ -234,3 +269,45 @@ async def test_a_body_that_never_stops_crashing_is_restarted_indefinitely(
     offsets = body.offsets(origin)
     assert offsets[-1] - offsets[-2] == 30.0
     assert offsets[-1] == 31.5 + 30.0 * (crashes - 6)
+
+
+async def test_a_group_of_known_failures_from_a_nursery_is_known(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    from registry.errors import Unavailable
+
+    async def lost() -> None:
+        raise Unavailable("the notification connection was lost", code="database_unavailable")
+
+    async def script(run: int) -> None:
+        if run == 1:
+            async with trio.open_nursery() as nursery:  # raises ExceptionGroup[Unavailable]
+                nursery.start_soon(lost)
+
+    body = Recorder(script)
+    stats = SupervisorStats()
+    await supervise_known("log", body, stats=stats, draw=lambda: 1.0)
+    assert len(body.starts) == 2
+    assert stats.restarts == 1
+
+
+async def test_a_group_with_an_unknown_failure_propagates(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    from registry.errors import Unavailable
+
+    async def lost() -> None:
+        raise Unavailable("lost", code="database_unavailable")
+
+    async def bug() -> None:
+        raise KeyError("bug")
+
+    async def script(run: int) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lost)
+            nursery.start_soon(bug)
+
+    body = Recorder(script)
+    with pytest.RaisesGroup(Unavailable, KeyError):
+        await supervise_known("log", body)
+    assert len(body.starts) == 1

@@ -78,8 +78,8 @@ async def test_challenge_shape(harness: Harness) -> None:
     assert c["audience"] == "https://app.example.com"
     assert c["origin"] == "http://registry.test"
     assert c["chainId"] == "registry:local"
-    assert c["hmrDid"] == harness.registry.did
-    assert c["rootDid"] == harness.registry.did  # default trust root: the registry itself
+    assert c["hmrDid"] == harness.deps.registry_did
+    assert c["rootDid"] == harness.deps.registry_did  # default trust root: the registry itself
     assert isinstance(c["nonce"], str)
     assert len(c["nonce"]) >= 22  # at least 128 bits of randomness in any text encoding
     assert isinstance(c["requestId"], str)

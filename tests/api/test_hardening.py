@@ -4,6 +4,7 @@ throttled token guessing, no line injection into the signed sign-in message, exp
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -13,6 +14,7 @@ from quart.testing import QuartClient
 from registry.config import ConfigError
 from registry.keys import SigningKey
 from registry.store.pg import open_pg_store
+from tests.api.api_support import error_of
 from tests.conftest import Harness, make_config, open_harness
 from tests.helpers import bearer, idem, sign_in, signed_entry
 
@@ -67,20 +69,30 @@ async def test_guessing_tokens_is_rate_limited(database_url: str, tmp_path: Path
         assert statuses[3:] == [429, 429]
 
 
-@pytest.mark.parametrize("audience", ["a\nNonce: forged", "tab\there", "nul\x00", ""])
-async def test_audience_must_be_one_printable_line(harness: Harness, audience: str) -> None:
+@pytest.mark.parametrize(
+    ("audience", "code"),
+    [
+        ("a\nNonce: forged", "invalid_challenge_request"),
+        ("tab\there", "invalid_challenge_request"),
+        ("nul\x00", "invalid_json"),  # no body may hold U+0000 (the store cannot keep it)
+        ("", "invalid_challenge_request"),
+    ],
+)
+async def test_audience_must_be_one_printable_line(
+    harness: Harness, audience: str, code: str
+) -> None:
     r = await harness.client.post("/v1/auth/siws/challenge", json={"audience": audience})
     assert r.status_code == 400
-    assert (await r.get_json())["error"]["code"] == "invalid_challenge_request"
+    assert (await r.get_json())["error"]["code"] == code
 
 
 async def test_janitor_purges_only_what_expired(database_url: str) -> None:
     async with trio_asyncio.open_loop(), open_pg_store(database_url) as store:
         execute = trio_asyncio.aio_as_trio(store._pool.execute)
         await execute(
-            "INSERT INTO idempotency (scope, operation, key, fingerprint, status, response,"
-            " created_at) VALUES ('janitor', 'op', 'old', '\\x00', 200, '{}',"
-            " now() - interval '25 hours'), ('janitor', 'op', 'new', '\\x00', 200, '{}', now())"
+            "INSERT INTO idempotency (scope, operation, key, fingerprint, result, created_at)"
+            " VALUES ('janitor', 'op', 'old', '\\x00', '{}', now() - interval '25 hours'),"
+            " ('janitor', 'op', 'new', '\\x00', '{}', now())"
         )
         removed = await store.purge_expired()
         assert removed.get("idempotency", 0) >= 1
@@ -125,3 +137,28 @@ async def test_openapi_lists_discovery_operations_with_their_schemas(harness: Ha
     assert "entryType" in schemas["DiscoverRequest"]["properties"]
     assert schemas["DiscoverRequest"]["additionalProperties"] is False
     assert "query" in schemas["RegistryQLRequest"]["properties"]
+
+
+@pytest.mark.parametrize(
+    ("path", "fields", "pointer"),
+    [
+        ("/v1/entries", {"version": "1\x00"}, "/version"),
+        ("/v1/entries", {"itemData": {"tools": ["a", "b\x00"]}}, "/itemData/tools/1"),
+        ("/v1/discover", {"text": "a\x00b"}, "/text"),
+        ("/v1/discover/registryql", {"query": "DISCOVER *\x00"}, "/query"),
+    ],
+    ids=["entry-version", "entry-item-data", "discover", "registryql"],
+)
+async def test_a_nul_character_anywhere_is_a_400_naming_where(
+    harness: Harness, path: str, fields: dict[str, Any], pointer: str
+) -> None:
+    key = SigningKey.generate()
+    token = await sign_in(harness.client, key)
+    body = signed_entry(key, **fields) if path == "/v1/entries" else fields
+    r = await harness.client.post(path, json=body, headers=bearer(token, **idem()))
+    error = await error_of(r, 400, "invalid_json")
+    assert error["details"] == {"rule": "nul_character", "pointer": pointer}
+    created = await harness.client.post(
+        "/v1/entries", json=signed_entry(key), headers=bearer(token, **idem())
+    )
+    assert created.status_code == 201  # the service goes on serving

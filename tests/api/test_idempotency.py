@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from typing import Any
 
 import pytest
 
@@ -241,7 +242,7 @@ async def test_replay_of_a_4xx_outcome_returns_the_same_4xx(harness: Harness) ->
     r2 = await harness.client.put(f"/v1/entries/{did}", json=stale, headers=headers)
     assert r2.status_code == 409
     assert r2.headers.get("Idempotent-Replayed") == "true"
-    assert await r2.get_data() == await r1.get_data()
+    assert await same_error(r2, r1)
     await error_of(r2, 409, "sequence_conflict", own_request_id=False)
     assert await total_versions(harness, did) == 2
 
@@ -257,7 +258,7 @@ async def test_replay_of_a_400_outcome(harness: Harness) -> None:
     r2 = await harness.client.post("/v1/entries", json=broken, headers=headers)
     assert r2.status_code == 400
     assert r2.headers.get("Idempotent-Replayed") == "true"
-    assert await r2.get_data() == await r1.get_data()
+    assert await same_error(r2, r1)
     # A corrected body under the same key is a different request.
     r3 = await harness.client.post("/v1/entries", json=entry, headers=headers)
     await error_of(r3, 409, "idempotency_conflict")
@@ -275,7 +276,7 @@ async def test_replay_of_a_403_outcome(harness: Harness) -> None:
     r2 = await harness.client.post("/v1/entries", json=theirs, headers=headers)
     assert r2.status_code == 403
     assert r2.headers.get("Idempotent-Replayed") == "true"
-    assert await r2.get_data() == await r1.get_data()
+    assert await same_error(r2, r1)
 
 
 async def test_replay_of_entry_exists(harness: Harness) -> None:
@@ -289,7 +290,7 @@ async def test_replay_of_entry_exists(harness: Harness) -> None:
     r2 = await harness.client.post("/v1/entries", json=again, headers=headers)
     assert r2.status_code == 409
     assert r2.headers.get("Idempotent-Replayed") == "true"
-    assert await r2.get_data() == await r1.get_data()
+    assert await same_error(r2, r1)
 
 
 # --- scope ----------------------------------------------------------------------------------
@@ -365,3 +366,14 @@ async def test_same_key_from_a_new_session_of_the_same_principal_replays(
     assert r2.status_code == 201
     assert r2.headers.get("Idempotent-Replayed") == "true"
     assert await r2.get_data() == await r1.get_data()
+
+
+async def same_error(replay: Any, first: Any) -> bool:
+    """A replayed refusal answers the recorded status, code, message and details; its requestId
+    is the replay's own (it matches the replay's X-Request-Id)."""
+    a, b = (await replay.get_json())["error"], (await first.get_json())["error"]
+    assert a["requestId"] == replay.headers["X-Request-Id"]
+    assert replay.status_code == first.status_code
+    return {k: v for k, v in a.items() if k != "requestId"} == {
+        k: v for k, v in b.items() if k != "requestId"
+    }

@@ -7,7 +7,6 @@ from pathlib import Path
 import trio
 import trio.lowlevel
 
-from api.server import follow_log
 from registry.keys import SigningKey
 from tests.api.api_support import anon_client, error_of, with_harness
 from tests.conftest import Harness, make_config
@@ -31,12 +30,8 @@ OPERATION_IDS = {
 
 
 async def _with_log_follower(h: Harness, nursery: trio.Nursery) -> None:
-    """Start the log follower the real server runs (the test harness does not), and wait
-    until it is connected."""
-    nursery.start_soon(follow_log, h.registry.store, h.registry.cache)
-    with trio.fail_after(10):
-        while not h.registry.cache.enabled:
-            await trio.lowlevel.checkpoint()  # the follower connects through asyncpg
+    """The harness runs the cache keeper as the server does: its caches follow the log."""
+    assert h.service.caches.enabled
 
 
 async def test_health_is_ok(harness: Harness) -> None:
@@ -141,9 +136,9 @@ async def test_deep_health_for_an_admin(database_url: str, tmp_path: Path) -> No
 async def test_a_backlog_of_changes_clears_the_discovery_cache_without_reading_them() -> None:
     """Over CHANGES_CHECKED_AT_ONCE changes in one batch the follower clears every page rather
     than read and check them all; up to it, it reads every change's versions in one query."""
-    from api.server import CHANGES_CHECKED_AT_ONCE, _drop_moved_pages
+    from actors.caches import CHANGES_CHECKED_AT_ONCE, _drop_moved_pages
+    from registry.caches import ResultCache
     from registry.registryql import parse_registryql
-    from registry.service import ResultCache
 
     class Versions:
         def __init__(self) -> None:

@@ -53,8 +53,9 @@ def run_server(
     database_url: str = "",
     extra_env: dict[str, str] | None = None,
     ready_s: float = 60,
+    port: int | None = None,
 ) -> Iterator[Server]:
-    port = free_port()
+    port = port or free_port()
     log = data_dir / f"server-{port}.log"
     data_dir.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("REGISTRY_")}

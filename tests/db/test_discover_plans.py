@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +18,14 @@ import asyncpg
 import pytest
 
 from bench.seed import seed
+from registry.config import Config
 from registry.discovery import parse_discover_request
 from registry.query import RegistryQuery
 from registry.store.discover import compile_discover
 from registry.store.migrate import _migrate, load_migrations
 from registry.store.pg import SESSION_SETTINGS
-from tests.conftest import LOCAL_ADMIN
+from registry.usecases.discovery import Discovery
+from tests.conftest import LOCAL_ADMIN, make_config
 
 ROWS = 100_000
 
@@ -59,6 +62,26 @@ def seeded_url(database_url: str) -> Iterator[str]:
         yield url
     finally:
         asyncio.run(teardown())
+
+
+@asynccontextmanager
+async def open_discovery(config: Config) -> AsyncIterator[Discovery]:
+    """Discovery as `registry serve` wires it, over the database of `config`."""
+    import trio_asyncio
+
+    from registry.identity import DidKeyIdentity
+    from registry.keys import SigningKey
+    from registry.store.pg import open_pg_store
+    from service.wiring import open_service
+
+    async with (
+        trio_asyncio.open_loop(),
+        open_pg_store(config.database.url) as store,
+        open_service(
+            config, store, key=SigningKey.generate(), identity=DidKeyIdentity()
+        ) as service,
+    ):
+        yield service.deps.discovery
 
 
 def _scans(plan: dict[str, Any]) -> Iterator[tuple[str, str]]:
@@ -126,28 +149,15 @@ def test_first_page_of_everything_reads_an_index_in_order(seeded_url: str, order
 async def test_total_count_is_exact_up_to_the_cap_then_flagged(
     seeded_url: str, tmp_path: Path
 ) -> None:
-    import trio_asyncio
-
-    from registry.identity import DidKeyIdentity
-    from registry.keys import SigningKey
-    from registry.service import Registry
     from registry.store.discover import COUNT_CAP
-    from registry.store.pg import open_pg_store
-    from tests.conftest import make_config
 
-    async with trio_asyncio.open_loop(), open_pg_store(seeded_url) as store:
-        registry = Registry(
-            store=store,
-            config=make_config(seeded_url, tmp_path),
-            key=SigningKey.generate(),
-            identity=DidKeyIdentity(),
-        )
-        broad = json.loads(await registry.discover(parse_discover_request({})))
+    async with open_discovery(make_config(seeded_url, tmp_path)) as discovery:
+        broad = json.loads(await discovery.discover(parse_discover_request({})))
         assert broad["totalCount"] == COUNT_CAP
         assert broad["totalCountExact"] is False
         assert broad["hasMore"] is True
         narrow = json.loads(
-            await registry.discover(
+            await discovery.discover(
                 parse_discover_request({"publisherDid": "did:key:z6MkPublisher0042"})
             )
         )
@@ -175,26 +185,12 @@ async def test_paging_a_broad_result_matches_one_big_page(
     exactly the first page of 100, and OFFSET 50 gives its second half."""
     import dataclasses
 
-    import trio_asyncio
-
-    from registry.identity import DidKeyIdentity
-    from registry.keys import SigningKey
-    from registry.service import Registry
-    from registry.store.pg import open_pg_store
-    from tests.conftest import make_config
-
-    config = make_config(seeded_url, tmp_path)
-    config = config.model_copy(
-        update={"limits": config.limits.model_copy(update={"discover_cache_entries": 0})}
-    )
+    config = make_config(seeded_url, tmp_path, limits={"discover_cache_entries": 0})
     query = parse_discover_request(BROAD[shape])
-    async with trio_asyncio.open_loop(), open_pg_store(seeded_url) as store:
-        registry = Registry(
-            store=store, config=config, key=SigningKey.generate(), identity=DidKeyIdentity()
-        )
+    async with open_discovery(config) as discovery:
 
         async def page(**changes: Any) -> dict[str, Any]:
-            body = await registry.discover(dataclasses.replace(query, **changes))
+            body = await discovery.discover(dataclasses.replace(query, **changes))
             result: dict[str, Any] = json.loads(body)
             return result
 

@@ -148,7 +148,7 @@ async def _sql_matches(url: str, query: RegistryQuery) -> set[str]:
 
 
 async def _full_text(url: str, texts: list[str]) -> dict[str, list[str]]:
-    """For each entry, which of `texts` its stored document matches, as the log follower asks
+    """For each entry, which of `texts` its stored document matches, as the cache keeper asks
     (PgStore.change_versions): by the projection discovery searches."""
     conn = await asyncpg.connect(url)
     try:

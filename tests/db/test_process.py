@@ -20,7 +20,7 @@ import httpx
 import pytest
 import trio
 
-from registry.client import RegistryClient
+from api.client import RegistryClient
 from registry.keys import SigningKey
 from tests.db.proc import run_server
 from tests.helpers import entry_template, signed_entry

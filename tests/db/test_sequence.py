@@ -14,27 +14,34 @@ import trio
 import trio.lowlevel
 import trio_asyncio
 
+from registry.changes import Change
 from registry.errors import Conflict
-from registry.store import EntryWrite
 from registry.store.pg import PgStore, open_pg_store
+from registry.usecases.entries import entry_change
 
 WRITERS = 12
 WRITES_EACH = 30
 READERS = 4
 
 
-def _write(did: str, n: int) -> EntryWrite:
-    return EntryWrite(
-        kind="entry.created",
-        entry_did=did,
+def _write(did: str, n: int) -> Change:
+    return entry_change(
+        "entry.created",
+        did=did,
         expected_head=None,
-        publisher_did="did:key:zTest",
+        publisher="did:key:zTest",
         entry_type="AgentDefinition",
         lifecycle="draft",
         prefix='{"entryDid":"' + did + '","n":' + str(n) + ',"sequence":',
         suffix="}",
-        status=201,
     )
+
+
+async def _append(store: PgStore, change: Change) -> int:
+    (outcome,) = await store.append([(change, None)])
+    outcome.unwrap()
+    assert outcome.sequence is not None
+    return outcome.sequence
 
 
 async def test_concurrent_writers_readers_see_every_sequence_once_in_order(
@@ -49,9 +56,7 @@ async def test_concurrent_writers_readers_see_every_sequence_once_in_order(
 
         async def writer(w: int) -> None:
             for i in range(WRITES_EACH):
-                seq, _, _ = await store.write_entry(
-                    _write(f"did:web:seq.test:{secrets.token_hex(6)}", i), None
-                )
+                seq = await _append(store, _write(f"did:web:seq.test:{secrets.token_hex(6)}", i))
                 acknowledged.append(seq)
 
         async def reader(r: int, reader_store: PgStore) -> None:
@@ -83,9 +88,9 @@ async def test_concurrent_writers_readers_see_every_sequence_once_in_order(
 async def test_failed_write_leaves_no_gap(database_url: str) -> None:
     async with trio_asyncio.open_loop(), open_pg_store(database_url) as store:
         did = f"did:web:seq.test:{secrets.token_hex(6)}"
-        first, _, _ = await store.write_entry(_write(did, 0), None)
-        with pytest.raises(Conflict) as raised:  # the DID exists: raises, rolls back
-            await store.write_entry(_write(did, 1), None)
+        first = await _append(store, _write(did, 0))
+        with pytest.raises(Conflict) as raised:  # the DID exists: refused, nothing written
+            await _append(store, _write(did, 1))
         assert raised.value.code == "entry_exists"
-        second, _, _ = await store.write_entry(_write(f"{did}x", 2), None)
+        second = await _append(store, _write(f"{did}x", 2))
         assert second == first + 1

@@ -3,7 +3,7 @@ before a change that happened meanwhile."""
 
 from __future__ import annotations
 
-from registry.service import FollowedCache
+from registry.caches import FollowedCache, ResultCache
 
 
 def _cache(capacity: int = 3) -> FollowedCache[str, int]:
@@ -51,3 +51,36 @@ def test_invalidate_where_drops_only_what_it_names() -> None:
     cache.invalidate_where(lambda _key, value: value % 2 == 0)
     assert [cache.get(k) for k in "abc"] == [None, 1, None]
     assert cache.epoch > before
+
+
+def _results() -> ResultCache:
+    results = ResultCache(10)
+    results.enabled = True
+    return results
+
+
+def test_a_change_whose_pages_this_process_dropped_is_not_dropped_again() -> None:
+    """The local write drops its pages before answering; the same change reaching the keeper
+    later must not drop the pages read since (they already show it)."""
+    results = _results()
+    results.dropped_for(7)
+    assert results.already_dropped(7)
+    assert not results.already_dropped(7)  # once
+    assert not results.already_dropped(8)
+
+
+def test_local_drops_are_forgotten_once_followed_past_or_cleared() -> None:
+    results = _results()
+    for seq in (3, 5, 9):
+        results.dropped_for(seq)
+    results.followed_to(5)
+    assert not results.already_dropped(3)
+    assert not results.already_dropped(5)
+    assert results.already_dropped(9)
+    results.dropped_for(11)
+    results.clear()  # the keeper lost the log: nothing is known any more
+    assert not results.already_dropped(11)
+    results.enabled = False
+    results.dropped_for(12)  # not caching: nothing to remember
+    results.enabled = True
+    assert not results.already_dropped(12)

@@ -16,6 +16,11 @@ ROOT = Path(__file__).resolve().parents[2]
 WEB_FRAMEWORKS = frozenset({"quart", "hypercorn", "quart_trio", "werkzeug"})
 REGISTRY_FORBIDDEN = WEB_FRAMEWORKS | {"api", "ws", "actors"}
 ACTORS_FORBIDDEN = WEB_FRAMEWORKS | {"api", "ws"}
+# I/O libraries: in registry/, only the store adapter (registry/store/) does I/O.
+IO_LIBRARIES = frozenset(
+    {"httpx", "asyncpg", "trio_asyncio", "trio_websocket", "socket", "ssl", "http", "urllib3"}
+)
+IO_CALLS = ("trio.socket", "trio.open_tcp_stream", "trio.open_tcp_listeners", "trio.serve_tcp")
 
 
 def imported_modules(source: str, filename: str = "<source>") -> set[str]:
@@ -48,6 +53,31 @@ def test_packages_under_test_exist() -> None:
 
 def test_registry_imports_no_web_framework_and_no_outer_layer() -> None:
     assert forbidden_imports("registry", REGISTRY_FORBIDDEN) == {}
+
+
+def io_outside_the_store() -> dict[str, set[str]]:
+    """Modules of registry/ (outside registry/store/) that import or call an I/O library."""
+    found: dict[str, set[str]] = {}
+    for path in sorted((ROOT / "registry").rglob("*.py")):
+        if (ROOT / "registry" / "store") in path.parents:
+            continue
+        source = path.read_text(encoding="utf-8")
+        bad = {n for n in imported_modules(source, str(path)) if n.split(".")[0] in IO_LIBRARIES}
+        bad |= {call for call in IO_CALLS if call in source}
+        if bad:
+            found[str(path.relative_to(ROOT))] = bad
+    return found
+
+
+def test_registry_does_io_only_in_its_store() -> None:
+    assert io_outside_the_store() == {}
+
+
+def test_the_io_checker_sees_a_client_library_and_trio_sockets(tmp_path: Path) -> None:
+    assert {n for n in imported_modules("import httpx") if n in IO_LIBRARIES} == {"httpx"}
+    assert {n for n in imported_modules("from asyncpg import connect") if n in IO_LIBRARIES}
+    assert any(call in "s = trio.socket.socket()" for call in IO_CALLS)
+    assert any(call in "await trio.open_tcp_stream(h, p)" for call in IO_CALLS)
 
 
 def test_actors_import_neither_api_nor_ws() -> None:

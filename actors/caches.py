@@ -1,0 +1,150 @@
+"""The cache keeper: one subscriber of the log that keeps this process's caches true.
+
+Theory of operation: the caches (entry heads, sessions, discovery pages) may serve only while
+every change committed in any process reaches them. The keeper subscribes to the log from its
+head at start and, record by record: an entry change drops that entry's head and the discovery
+pages it can move (the database says which full-text pages, for up to
+`CHANGES_CHECKED_AT_ONCE` changes read together; a larger backlog clears the pages); a
+`session.revoked` drops that session. The caches are enabled only while the subscription is
+live; when it is not (the log actor lost its connection, or the keeper lagged), they are
+disabled and cleared, and enabled again once it is live: nothing is served from a cache that
+might have missed a change.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+
+import trio
+
+from actors.log import Lagged, LogHandle, Subscription
+from registry.caches import FollowedCache, ResultCache, Served
+from registry.changes import LogRecord
+from registry.errors import Unavailable
+from registry.ratelimit import Backoff
+from registry.store import SessionRecord, Store
+
+log = logging.getLogger(__name__)
+
+BACKOFF = Backoff()
+# The keeper's own queue: it must not lag behind a burst of changes (each record is small; a
+# lag clears every cache, which is correct but costly).
+KEEPER_QUEUE = 100_000
+CHANGES_CHECKED_AT_ONCE = 64  # a larger batch of changes clears the discovery cache
+
+
+class Caches:
+    """The process's caches, which the keeper keeps and the use-cases read."""
+
+    def __init__(self, *, discover_capacity: int) -> None:
+        self.entries: FollowedCache[str, Served] = FollowedCache()
+        self.sessions: FollowedCache[bytes, SessionRecord] = FollowedCache()
+        self.results = ResultCache(max(1, discover_capacity))
+
+    def all(self) -> list[FollowedCache[object, object]]:
+        return [self.entries, self.sessions, self.results]  # type: ignore[list-item]
+
+    def set_live(self, live: bool) -> None:
+        for cache in self.all():
+            cache.clear()
+            cache.enabled = live
+
+    @property
+    def enabled(self) -> bool:
+        return self.entries.enabled
+
+
+async def run_cache_keeper(
+    logs: LogHandle,
+    store: Store,
+    caches: Caches,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Keep `caches` true until cancelled; reports started once it follows the log live."""
+    started = False
+    failures = 0
+    try:
+        while True:
+            lagged = unavailable = False
+            try:
+                after = await logs.head()
+                async with (
+                    logs.subscribe(after, queue_size=KEEPER_QUEUE) as subscription,
+                    trio.open_nursery() as nursery,
+                ):
+                    nursery.start_soon(_track_live, subscription, caches)
+                    nursery.start_soon(_apply, subscription, store, caches)
+                    await _wait_live(subscription)
+                    failures = 0
+                    if not started:
+                        task_status.started()
+                        started = True
+            except* Lagged:
+                lagged = True
+            except* Unavailable:  # the log cannot be read now: no caching meanwhile
+                unavailable = True
+            caches.set_live(False)
+            if lagged:
+                log.warning("cache keeper fell behind the log; caches cleared")
+            if unavailable:
+                failures += 1
+                delay = BACKOFF.jittered(failures, random.random())
+                log.warning("cache keeper cannot read the log; retry in %.1fs", delay)
+                await trio.sleep(delay)
+    finally:
+        caches.set_live(False)
+
+
+async def _wait_live(subscription: Subscription) -> None:
+    while not subscription.live:
+        await subscription.live_changed.wait()
+
+
+async def _track_live(subscription: Subscription, caches: Caches) -> None:
+    while True:
+        if subscription.live != caches.enabled:
+            caches.set_live(subscription.live)
+        await subscription.live_changed.wait()
+
+
+async def _apply(subscription: Subscription, store: Store, caches: Caches) -> None:
+    while True:
+        batch = [await subscription.receive()]
+        # Records already queued are handled together (one database check for the batch).
+        while len(batch) < CHANGES_CHECKED_AT_ONCE + 1 and subscription.ready():
+            batch.append(await subscription.receive())
+        await _changed(batch, store, caches)
+
+
+async def _changed(records: list[LogRecord], store: Store, caches: Caches) -> None:
+    changes: list[tuple[int, str]] = []
+    for record in records:
+        if record.kind == "session.revoked":
+            caches.sessions.invalidate(bytes.fromhex(str(record.data["tokenHash"])))
+        elif record.kind.startswith("entry.") and record.entry_did is not None:
+            caches.entries.invalidate(record.entry_did)
+            changes.append((record.seq, record.entry_did))
+    if changes:
+        await _drop_moved_pages(store, caches.results, changes)
+
+
+async def _drop_moved_pages(
+    store: Store, results: ResultCache, changes: list[tuple[int, str]]
+) -> None:
+    results.followed_to(changes[0][0] - 1)
+    changes = [(seq, did) for seq, did in changes if not results.already_dropped(seq)]
+    if not changes:  # this process wrote them all and dropped their pages then
+        return
+    results.touch()  # pages being computed now may predate these changes: not cached
+    if not len(results):
+        return
+    if len(changes) > CHANGES_CHECKED_AT_ONCE:
+        results.clear()
+        return
+    texts = sorted(results.match_texts())
+    versions = await store.change_versions(changes, texts)
+    for seq, _ in changes:
+        if not results.entry_changed_as_told(versions.get(seq), texts):
+            results.entry_changed([None])  # unreadable (cannot be, after its commit): maybe all

@@ -1,0 +1,138 @@
+"""In-process caches kept true by the durable log (the cache keeper subscribes to it).
+
+All access is from the one Trio thread, with no `await` between a check and its use, so the
+caches need no lock; their one writer of invalidations is the cache keeper (actors/caches.py),
+besides the local write that drops what it changed before it is answered (read your writes).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from registry.matching import Facts, facts_of, match_texts_in, may_match
+from registry.query import RegistryQuery
+
+
+@dataclass(frozen=True)
+class Served:
+    """A served entry version: its sequence and exact JSON text."""
+
+    sequence: int
+    doc: str
+
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class FollowedCache(Generic[K, V]):
+    """An in-process cache kept true by the cache keeper (the log of every process).
+
+    Readers fill it only if no invalidation happened while they read (`epoch`), so a change that
+    commits during a lookup can never be overwritten by the older value. It is on only while the
+    keeper follows the log live. All access is from the one Trio thread, with no `await` between a
+    check and its use. Bounded: the least recently used item goes when it is full.
+    """
+
+    def __init__(self, capacity: int = 50_000) -> None:
+        self._items: OrderedDict[K, V] = OrderedDict()
+        self._capacity = capacity
+        self.epoch = 0
+        self.enabled = False
+
+    def get(self, key: K) -> V | None:
+        if not self.enabled:
+            return None
+        value = self._items.get(key)
+        if value is not None:
+            self._items.move_to_end(key)
+        return value
+
+    def put(self, key: K, value: V, epoch: int) -> None:
+        if not self.enabled or epoch != self.epoch:
+            return
+        self._items[key] = value
+        self._items.move_to_end(key)
+        while len(self._items) > self._capacity:
+            self._items.popitem(last=False)
+
+    def invalidate(self, key: K) -> None:
+        self.epoch += 1
+        self._items.pop(key, None)
+
+    def touch(self) -> None:
+        """A change committed: reads in flight may predate it, so their fills are dropped."""
+        self.epoch += 1
+
+    def invalidate_where(self, stale: Callable[[K, V], bool]) -> None:
+        self.epoch += 1
+        for key in [k for k, v in self._items.items() if stale(k, v)]:
+            del self._items[key]
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def clear(self) -> None:
+        self.epoch += 1
+        self._items.clear()
+
+    def statistics(self) -> dict[str, int]:
+        return {"size": len(self._items), "epoch": self.epoch, "enabled": int(self.enabled)}
+
+
+class ResultCache(FollowedCache[str, tuple[RegistryQuery, str]]):
+    """Discovery pages by query. An entry change drops only the pages whose query the entry may
+    match before or after it (`registry.matching`): any other page is provably unchanged.
+
+    A change this process wrote has its pages dropped before it is answered (`dropped_for`);
+    when its log record then reaches the keeper, every page still cached either survived that
+    drop or was read after the commit, so the keeper leaves them (`already_dropped`).
+    """
+
+    def __init__(self, capacity: int = 50_000) -> None:
+        super().__init__(capacity)
+        self._dropped: set[int] = set()
+
+    def dropped_for(self, seq: int) -> None:
+        """The pages change `seq` can move are gone (the local write path did it)."""
+        if self.enabled:
+            self._dropped.add(seq)
+
+    def already_dropped(self, seq: int) -> bool:
+        """True (once) if `dropped_for(seq)` was said since the cache was last cleared."""
+        if seq in self._dropped:
+            self._dropped.discard(seq)
+            return True
+        return False
+
+    def followed_to(self, seq: int) -> None:
+        """The keeper has handled every change up to `seq`: forget the older local drops."""
+        if self._dropped:
+            self._dropped = {s for s in self._dropped if s > seq}
+
+    def clear(self) -> None:
+        super().clear()
+        self._dropped.clear()
+
+    def entry_changed(self, versions: Sequence[Facts | None]) -> None:
+        """`versions`: the facts of the entry's stored documents just before and after the
+        change (a new entry has only the latter)."""
+        self.invalidate_where(lambda _key, page: any(may_match(page[0], f) for f in versions))
+
+    def entry_changed_as_told(
+        self, versions: list[tuple[str, list[str]]] | None, texts: list[str]
+    ) -> bool:
+        """`entry_changed` for `versions` as `Store.change_versions` reads them (each document
+        with those of the asked MATCH `texts` it matches); False, dropping nothing, if there
+        are none."""
+        if not versions:
+            return False
+        self.entry_changed([facts_of(doc, asked=texts, matched=m) for doc, m in versions])
+        return True
+
+    def match_texts(self) -> set[str]:
+        """The MATCH texts of the cached queries (the database decides those per change)."""
+        return {t for query, _ in self._items.values() for t in match_texts_in(query.where)}

@@ -1,0 +1,203 @@
+"""The one write path: every accepted change is a `Change` appended to the durable log.
+
+A use-case decides a change (checks, signatures, the rows to write) and submits it with the
+request's idempotency key. The store's append path then, in one transaction, answers a key that
+already completed from its record, or lets the kind's handler check its preconditions and write
+its rows, takes the next gap-free log position, appends the log record (the event), and records
+the outcome under the key. A new kind of change adds a handler in each store adapter, not a path.
+
+Outcomes are domain data: a result (the JSON text the use-case answers with) and the log position
+it took, or a `Refusal` (an error kind, code, message and details). HTTP statuses and response
+bodies are the edge's business.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from functools import cached_property
+from typing import Any, Protocol
+
+from registry.errors import (
+    Conflict,
+    Forbidden,
+    Invalid,
+    NotFound,
+    RegistryError,
+    TooLarge,
+    Unauthorized,
+    UnsupportedMediaType,
+)
+
+# Errors a request can be refused with and that a retry under the same key must see again.
+# Anything else (unavailable, rate limited, internal) is not recorded: the client may retry.
+RECORDED_REFUSALS: dict[str, type[RegistryError]] = {
+    cls.__name__: cls
+    for cls in (
+        Invalid,
+        Unauthorized,
+        Forbidden,
+        NotFound,
+        Conflict,
+        TooLarge,
+        UnsupportedMediaType,
+    )
+}
+
+# Kinds that take a log position but are never published to event subscribers.
+INTERNAL_KINDS = frozenset({"session.revoked"})
+
+
+@dataclass(frozen=True)
+class IdemKey:
+    """Where an idempotency record lives and what request it stands for."""
+
+    scope: str  # principal DID, session, peer DID, or "anonymous"
+    operation: str
+    key: str
+    fingerprint: bytes
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a change was not applied, as recorded data: `error()` raises it again."""
+
+    kind: str  # a name in RECORDED_REFUSALS
+    code: str
+    message: str
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, exc: RegistryError) -> Refusal:
+        return cls(type(exc).__name__, exc.code, exc.message, dict(exc.details))
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Refusal:
+        return cls(data["kind"], data["code"], data["message"], dict(data.get("details") or {}))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "code": self.code,
+            "message": self.message,
+            "details": dict(self.details),
+        }
+
+    def error(self) -> RegistryError:
+        return RECORDED_REFUSALS.get(self.kind, Conflict)(
+            self.message, code=self.code, details=dict(self.details)
+        )
+
+
+@dataclass(frozen=True)
+class Change:
+    """One change to append: its log `kind`, the `subject` it is about (an entry DID, or None),
+    the `rows` its kind's handler writes (JSON-safe, documented per kind), and the `event`
+    payload its log record carries to subscribers."""
+
+    kind: str
+    subject: str | None
+    rows: Mapping[str, Any]
+    event: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What became of a submitted change.
+
+    `replayed`: the idempotency key had already completed, and this is its recorded outcome
+    (nothing was written now, no event was emitted)."""
+
+    sequence: int | None
+    result: str | None
+    refusal: Refusal | None
+    replayed: bool = False
+
+    def unwrap(self) -> str:
+        """The result text, or the refusal raised as its domain error."""
+        if self.refusal is not None:
+            raise self.refusal.error()
+        assert self.result is not None
+        return self.result
+
+
+IDEMPOTENCY_CONFLICT = Refusal(
+    "Conflict",
+    "idempotency_conflict",
+    "this Idempotency-Key was already used for a different request",
+)
+
+
+@dataclass(frozen=True)
+class LogRecord:
+    """One record of the durable log: the change at `seq`, as subscribers see it."""
+
+    seq: int
+    kind: str
+    entry_did: str | None
+    at_ms: int
+    data: Mapping[str, Any]
+
+    @property
+    def public(self) -> bool:
+        return self.kind not in INTERNAL_KINDS
+
+    @cached_property
+    def event_json(self) -> str:
+        """The event message of design §10, rendered once for every subscriber."""
+        event: dict[str, Any] = {
+            "type": "event",
+            "sequence": self.seq,
+            "kind": self.kind,
+            "entryDid": self.entry_did,
+            "at": rfc3339_ms(self.at_ms),
+            "data": self.data,
+        }
+        if self.entry_did is None:
+            del event["entryDid"]
+        return json.dumps(event, ensure_ascii=False, separators=(",", ":"))
+
+
+def rfc3339_ms(ms: int) -> str:
+    return (
+        datetime.fromtimestamp(ms / 1000, UTC)
+        .isoformat(timespec="milliseconds")
+        .replace("+00:00", "Z")
+    )
+
+
+Append = Callable[[Change, IdemKey | None], Awaitable[Outcome]]
+
+
+class RefusalRecorder(Protocol):
+    async def record_refusal(self, idem: IdemKey, refusal: Refusal) -> Outcome: ...
+
+
+class ChangeLog:
+    """The one way use-cases change state: decide a change, append it, idempotently.
+
+    `append` is the group-commit writer's (or the store's own) append. A refusal decided before
+    the append (validation, authorization, a stale precondition) is recorded under the key too,
+    unless the key already has an outcome: then that outcome is answered, so a retry of a
+    request that succeeded is answered with its success even where a check would now refuse it.
+    """
+
+    def __init__(self, append: Append, recorder: RefusalRecorder) -> None:
+        self._append = append
+        self._recorder = recorder
+
+    async def submit(
+        self, idem: IdemKey | None, decide: Callable[[], Awaitable[Change]]
+    ) -> Outcome:
+        try:
+            change = await decide()
+        except RegistryError as exc:
+            if idem is None or type(exc).__name__ not in RECORDED_REFUSALS:
+                raise
+            return await self._recorder.record_refusal(idem, Refusal.of(exc))
+        return await self._append(change, idem)
+
+    async def submit_all(self, changes: Sequence[tuple[Change, IdemKey | None]]) -> list[Outcome]:
+        return [await self._append(change, idem) for change, idem in changes]

@@ -1,0 +1,530 @@
+"""In-memory fake of the storage port: the semantics of `PgStore` and its SQL, in plain Python.
+
+What it models, as migration 0008 does: a gap-free log (position n is `log[n - 1]`); `append`
+applying a batch in order, each change either answered from its idempotency record (a replay, or
+`idempotency_conflict` when the fingerprint differs), refused by its kind's handler (nothing
+written, no position taken), or applied (its rows written, the next position taken, a
+`LogRecord` appended with `at_ms` from the injected clock), its outcome recorded under its key;
+a batch that raises (a bug: an unknown kind, rows that are not JSON, a malformed document) writes
+nothing, as a rolled-back transaction. Entries and their versions, challenges, sessions and
+expiry follow the SQL, with "now" read once per call from `clock_ms`.
+
+What it does not model: `discover` (plans are SQL; it raises `Unavailable`, code
+`not_supported`), the full-text matches of `change_versions` (always empty), the projection
+columns of `entries`, and other processes (one process: batches are serialised trivially).
+
+Test knobs: `latency` (virtual seconds each call takes; otherwise a call is one checkpoint),
+`fail_reads` / `fail_writes` (calls made while set raise `Unavailable` and do nothing, as with
+the database down; a listener cannot be opened while reads fail; a call already under way
+completes), `drop_wakeups` (appends notify nobody, as a lost NOTIFY),
+`break_listeners()` (open listeners fail with `Unavailable`, as a lost LISTEN connection).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import trio
+
+from registry.changes import IDEMPOTENCY_CONFLICT, Change, IdemKey, LogRecord, Outcome, Refusal
+from registry.errors import Unavailable
+from registry.store import EntryHead, SessionRecord, Store
+
+if TYPE_CHECKING:
+    from registry.query import RegistryQuery
+
+__all__ = ["HANDLERS", "MemoryStore", "MemoryWakeups"]
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+MODELLED_SCHEMA = 8  # the migration whose semantics this fake follows
+IDEMPOTENCY_TTL_MS = 24 * 3600 * 1000  # an idempotency record answers for 24 hours
+SESSION_GRACE_MS = 24 * 3600 * 1000  # expired sessions are purged a day later
+CHALLENGE_GRACE_MS = 3600 * 1000  # put_challenge collects challenges expired an hour ago
+
+_IdemId = tuple[str, str, str]
+
+
+def _wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _json_copy(value: Any) -> Any:
+    """`value` as it comes back from a jsonb column (raises TypeError if it is not JSON)."""
+    return json.loads(json.dumps(value, ensure_ascii=False))
+
+
+# --- tables -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Entry:
+    head_seq: int
+    created_seq: int
+    publisher_did: str
+    entry_type: str
+    lifecycle: str
+
+
+@dataclass(frozen=True)
+class _Version:
+    seq: int
+    entry_did: str
+    publisher_did: str
+    lifecycle: str
+    doc: str
+
+
+@dataclass(frozen=True)
+class _IdemRecord:
+    fingerprint: bytes
+    sequence: int | None
+    result: str | None
+    refusal: Refusal | None
+    created_ms: int
+
+
+@dataclass(frozen=True)
+class _Session:
+    record: SessionRecord
+    revoked_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class _Challenge:
+    text: str  # the challenge as JSON text
+    expires_ms: int
+
+
+class _Tables:
+    def __init__(self) -> None:
+        self.log: list[LogRecord] = []
+        self.entries: dict[str, _Entry] = {}
+        self.versions: dict[int, _Version] = {}  # by sequence
+        self.versions_of: dict[str, list[int]] = {}  # entry DID → its version sequences, in order
+        self.idempotency: dict[_IdemId, _IdemRecord] = {}
+        self.challenges: dict[str, _Challenge] = {}
+        self.sessions: dict[bytes, _Session] = {}
+
+
+class _Tx:
+    """One append's transaction: the tables, the statement's `now_ms`, and an undo log, so a
+    batch that raises leaves nothing behind."""
+
+    def __init__(self, tables: _Tables, now_ms: int) -> None:
+        self.tables = tables
+        self.now_ms = now_ms
+        self._undo: list[Callable[[], None]] = []
+
+    def put(self, table: dict[K, V], key: K, value: V) -> None:
+        if key in table:
+            old = table[key]
+            self._undo.append(lambda: table.__setitem__(key, old))
+        else:
+            self._undo.append(lambda: table.__delitem__(key))
+        table[key] = value
+
+    def add_version(self, version: _Version) -> None:
+        self.put(self.tables.versions, version.seq, version)
+        seqs = self.tables.versions_of.setdefault(version.entry_did, [])
+        seqs.append(version.seq)
+        self._undo.append(lambda: seqs.remove(version.seq))
+
+    def add_log(self, record: LogRecord) -> None:
+        assert record.seq == len(self.tables.log) + 1
+        self.tables.log.append(record)
+        self._undo.append(lambda: self.tables.log.remove(record))
+
+    def rollback(self) -> None:
+        for undo in reversed(self._undo):
+            undo()
+        self._undo.clear()
+
+
+# --- handlers: one per kind of change (the SQL's apply_* functions) -------------------------
+
+Handler = Callable[[_Tx, int, str | None, Mapping[str, Any]], tuple[str | None, Refusal | None]]
+
+
+def _text(rows: Mapping[str, Any], name: str) -> str:
+    """`rows ->> name` for a NOT NULL column: absent or null fails, as the INSERT would."""
+    value = rows.get(name)
+    if value is None:
+        raise ValueError(f"rows.{name} is required")
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def _apply_entry_version(
+    tx: _Tx, seq: int, did: str | None, rows: Mapping[str, Any]
+) -> tuple[str | None, Refusal | None]:
+    """`apply_entry_version`: create (expectedHead null: the DID must be new), update, transfer
+    or delete one entry; the document is prefix ‖ sequence ‖ suffix."""
+    if did is None:
+        raise ValueError("an entry change needs its entry DID as subject")
+    raw_expected = rows.get("expectedHead")
+    expected = None if raw_expected is None else int(raw_expected)
+    entry = tx.tables.entries.get(did)
+    if expected is None and entry is not None:
+        return None, Refusal(
+            "Conflict",
+            "entry_exists",
+            "an entry with this DID exists or existed",
+            {"entryDid": did},
+        )
+    if expected is not None and entry is None:
+        return None, Refusal("NotFound", "entry_not_found", "entry not found", {"entryDid": did})
+    if entry is not None and entry.head_seq != expected:
+        return None, Refusal(
+            "Conflict",
+            "sequence_conflict",
+            "the entry changed since the version this request is based on",
+            {"latestSequence": entry.head_seq},
+        )
+    publisher = _text(rows, "publisherDid")
+    lifecycle = _text(rows, "lifecycle")
+    doc = _text(rows, "prefix") + str(seq) + _text(rows, "suffix")
+    if lifecycle == "deleted":
+        if entry is not None:  # (the SQL's UPDATE of a missing entry changes nothing)
+            tx.put(tx.tables.entries, did, replace(entry, head_seq=seq, lifecycle=lifecycle))
+    else:
+        json.loads(doc)  # entry_projection(doc) casts it to jsonb: a malformed one fails
+        entry_type = _text(rows, "entryType")
+        if entry is None:
+            new = _Entry(seq, seq, publisher, entry_type, lifecycle)
+        else:
+            new = replace(
+                entry,
+                head_seq=seq,
+                publisher_did=publisher,
+                entry_type=entry_type,
+                lifecycle=lifecycle,
+            )
+        tx.put(tx.tables.entries, did, new)
+    tx.add_version(_Version(seq, did, publisher, lifecycle, doc))
+    return doc, None
+
+
+def _apply_session_revoked(
+    tx: _Tx, seq: int, subject: str | None, rows: Mapping[str, Any]
+) -> tuple[str | None, Refusal | None]:
+    """`apply_session_revoked`: revoke one session (rows: {tokenHash} in hex)."""
+    token_hex = rows.get("tokenHash")
+    token_hash = None if token_hex is None else bytes.fromhex(token_hex)
+    session = None if token_hash is None else tx.tables.sessions.get(token_hash)
+    if token_hash is None or session is None or session.revoked_ms is not None:
+        return None, Refusal(
+            "Unauthorized", "session_invalid", "session missing, expired or unknown", {}
+        )
+    tx.put(tx.tables.sessions, token_hash, replace(session, revoked_ms=tx.now_ms))
+    return '{"loggedOut":true}', None
+
+
+# The handler of each kind of change (the same kinds as `registry.store.pg.HANDLERS`).
+HANDLERS: dict[str, Handler] = {
+    "entry.created": _apply_entry_version,
+    "entry.updated": _apply_entry_version,
+    "entry.deleted": _apply_entry_version,
+    "entry.transferred": _apply_entry_version,
+    "session.revoked": _apply_session_revoked,
+}
+
+
+# --- wake-ups -------------------------------------------------------------------------------
+
+
+class MemoryWakeups:
+    """The `LogWakeups` of one listener: set by every append that took a position."""
+
+    def __init__(self) -> None:
+        self._wake = trio.Event()
+        self._broken = False
+
+    def notify(self) -> None:
+        self._wake.set()
+
+    def break_(self) -> None:
+        self._broken = True
+        self._wake.set()
+
+    async def wait(self) -> None:
+        """Return when the log grew since the last `wait`; raise `Unavailable` once broken."""
+        await self._wake.wait()
+        if self._broken:
+            raise Unavailable("the notification connection was lost", code="database_unavailable")
+        self._wake = trio.Event()
+
+
+# --- the store ------------------------------------------------------------------------------
+
+
+class MemoryStore:
+    """The storage port in memory (see the module docstring for what it does not model)."""
+
+    def __init__(
+        self,
+        *,
+        clock_ms: Callable[[], int] = _wall_clock_ms,
+        latency: float = 0.0,
+        schema_version: int = MODELLED_SCHEMA,
+    ) -> None:
+        self.clock_ms = clock_ms
+        self.latency = latency
+        self.fail_reads = False
+        self.fail_writes = False
+        self.drop_wakeups = False
+        self.batch_sizes: list[int] = []  # the size of every append that committed
+        self._schema_version = schema_version
+        self._tables = _Tables()
+        self._listeners: set[MemoryWakeups] = set()
+
+    # --- test knobs -----------------------------------------------------------------------
+
+    def break_listeners(self) -> int:
+        """Fail every open listener, as if its connection were lost; return how many."""
+        broken = len(self._listeners)
+        for listener in self._listeners:
+            listener.break_()
+        self._listeners.clear()
+        return broken
+
+    @property
+    def listeners(self) -> int:
+        """How many listeners are open (and not broken)."""
+        return len(self._listeners)
+
+    async def _call(self, *, write: bool) -> None:
+        """One round trip: the failure the test asked for (decided when the call is made),
+        else `latency` seconds (at least a checkpoint)."""
+        if self.fail_writes if write else self.fail_reads:
+            await trio.lowlevel.checkpoint()
+            raise Unavailable("the database is unavailable", code="database_unavailable")
+        if self.latency > 0:
+            await trio.sleep(self.latency)
+        else:
+            await trio.lowlevel.checkpoint()
+
+    # --- health ---------------------------------------------------------------------------
+
+    async def ping(self) -> None:
+        await self._call(write=False)
+
+    async def schema_version(self) -> int:
+        await self._call(write=False)
+        return self._schema_version
+
+    # --- the one append path -------------------------------------------------------------
+
+    async def append(self, items: list[tuple[Change, IdemKey | None]]) -> list[Outcome]:
+        """Apply `items` in order, all or nothing (see the module docstring)."""
+        # As PgStore renders the batch before its round trip: an unknown kind or rows that
+        # are not JSON fail here, before anything is written.
+        prepared = [
+            (change, idem, HANDLERS[change.kind], _json_copy(change.rows), _json_copy(change.event))
+            for change, idem in items
+        ]
+        await self._call(write=True)
+        tx = _Tx(self._tables, self.clock_ms())
+        start = len(self._tables.log)
+        try:
+            outcomes = [self._append_one(tx, *item) for item in prepared]
+        except BaseException:
+            tx.rollback()
+            raise
+        self.batch_sizes.append(len(items))
+        if len(self._tables.log) > start and not self.drop_wakeups:
+            for listener in self._listeners:
+                listener.notify()
+        return outcomes
+
+    def _append_one(
+        self,
+        tx: _Tx,
+        change: Change,
+        idem: IdemKey | None,
+        handler: Handler,
+        rows: Mapping[str, Any],
+        event: Mapping[str, Any],
+    ) -> Outcome:
+        key = None if idem is None else (idem.scope, idem.operation, idem.key)
+        if key is not None:
+            assert idem is not None
+            found = self._tables.idempotency.get(key)
+            if found is not None and found.created_ms > tx.now_ms - IDEMPOTENCY_TTL_MS:
+                if found.fingerprint != idem.fingerprint:
+                    return Outcome(None, None, IDEMPOTENCY_CONFLICT)
+                return Outcome(found.sequence, found.result, found.refusal, replayed=True)
+        seq = len(self._tables.log) + 1
+        result, refusal = handler(tx, seq, change.subject, rows)
+        taken = seq if refusal is None else None
+        if taken is not None:
+            tx.add_log(LogRecord(seq, change.kind, change.subject, tx.now_ms, event))
+        if key is not None:
+            assert idem is not None
+            record = _IdemRecord(idem.fingerprint, taken, result, refusal, tx.now_ms)
+            tx.put(self._tables.idempotency, key, record)
+        return Outcome(taken, result, refusal)
+
+    async def record_refusal(self, idem: IdemKey, refusal: Refusal) -> Outcome:
+        """Record `refusal` under `idem` unless the key has a live outcome; return the one that
+        stands (a different request's outcome is an idempotency conflict)."""
+        stored = Refusal.from_json(_json_copy(refusal.to_json()))
+        await self._call(write=True)
+        now = self.clock_ms()
+        key = (idem.scope, idem.operation, idem.key)
+        found = self._tables.idempotency.get(key)
+        if found is None or found.created_ms <= now - IDEMPOTENCY_TTL_MS:
+            self._tables.idempotency[key] = _IdemRecord(idem.fingerprint, None, None, stored, now)
+            return Outcome(None, None, stored)
+        if found.fingerprint != idem.fingerprint:
+            return Outcome(None, None, IDEMPOTENCY_CONFLICT)
+        return Outcome(found.sequence, found.result, found.refusal, replayed=True)
+
+    # --- entries --------------------------------------------------------------------------
+
+    async def get_entry_head(self, entry_did: str) -> EntryHead | None:
+        await self._call(write=False)
+        entry = self._tables.entries.get(entry_did)
+        if entry is None:
+            return None
+        doc = self._tables.versions[entry.head_seq].doc
+        return EntryHead(entry_did, entry.head_seq, entry.publisher_did, entry.lifecycle, doc)
+
+    def _live_versions(self, entry_did: str) -> list[_Version]:
+        """The entry's versions but its tombstone, newest first."""
+        seqs = self._tables.versions_of.get(entry_did, [])
+        versions = (self._tables.versions[seq] for seq in reversed(seqs))
+        return [v for v in versions if v.lifecycle != "deleted"]
+
+    async def list_versions(
+        self, entry_did: str, before_seq: int | None, limit: int
+    ) -> tuple[list[str], int]:
+        await self._call(write=False)
+        live = self._live_versions(entry_did)
+        page = [v.doc for v in live if before_seq is None or v.seq < before_seq]
+        return page[:limit], len(live)
+
+    async def get_version(self, entry_did: str, seq: int) -> str | None:
+        await self._call(write=False)
+        version = self._tables.versions.get(seq)
+        if version is None or version.entry_did != entry_did or version.lifecycle == "deleted":
+            return None
+        return version.doc
+
+    # --- discovery ------------------------------------------------------------------------
+
+    async def discover(
+        self, query: RegistryQuery, *, limit: int, after: list[Any] | None
+    ) -> tuple[list[tuple[str, list[Any]]], int]:
+        """Not modelled: discovery is SQL over PostgreSQL's indexes and full-text search.
+
+        Raises `Unavailable` with code `not_supported`; test discovery against PostgreSQL."""
+        await self._call(write=False)
+        raise Unavailable("discovery needs PostgreSQL", code="not_supported")
+
+    async def change_versions(
+        self, changes: list[tuple[int, str]], texts: list[str]
+    ) -> dict[int, list[tuple[str, list[str]]]]:
+        """For each change (sequence, entry DID): the entry's documents just before and at that
+        version, oldest first. Full-text matching is not modelled: each matched list is empty."""
+        await self._call(write=False)
+        out: dict[int, list[tuple[str, list[str]]]] = {}
+        for seq, did in sorted(changes, key=lambda change: change[0]):
+            seqs = [s for s in self._tables.versions_of.get(did, []) if s <= seq][-2:]
+            for s in seqs:
+                out.setdefault(seq, []).append((self._tables.versions[s].doc, []))
+        return out
+
+    # --- sign-in --------------------------------------------------------------------------
+
+    async def put_challenge(self, nonce: str, challenge: dict[str, Any], expires_ms: int) -> None:
+        text = json.dumps(challenge)
+        await self._call(write=True)
+        now = self.clock_ms()
+        challenges = self._tables.challenges
+        for old in [n for n, c in challenges.items() if c.expires_ms < now - CHALLENGE_GRACE_MS]:
+            del challenges[old]
+        if nonce in challenges:  # PostgreSQL's unique violation: a bug, not a domain error
+            raise ValueError(f"challenge {nonce!r} exists")
+        challenges[nonce] = _Challenge(text, expires_ms)
+
+    async def get_challenge(self, nonce: str) -> dict[str, Any] | None:
+        await self._call(write=False)
+        challenge = self._tables.challenges.get(nonce)
+        return None if challenge is None else dict(json.loads(challenge.text))
+
+    async def open_session(self, nonce: str, token_hash: bytes, session: SessionRecord) -> bool:
+        """Burn the challenge and open the session atomically; False if it was already used."""
+        await self._call(write=True)
+        if nonce not in self._tables.challenges:
+            return False
+        if token_hash in self._tables.sessions:  # a unique violation rolls the burn back
+            raise ValueError("a session with this token hash exists")
+        del self._tables.challenges[nonce]
+        self._tables.sessions[token_hash] = _Session(
+            replace(session, capabilities=tuple(session.capabilities))
+        )
+        return True
+
+    async def get_session(self, token_hash: bytes) -> SessionRecord | None:
+        await self._call(write=False)
+        session = self._tables.sessions.get(token_hash)
+        if session is None or session.revoked_ms is not None:
+            return None
+        return session.record if session.record.expires_at_ms > self.clock_ms() else None
+
+    async def purge_expired(self) -> dict[str, int]:
+        """Delete expired idempotency records, sessions and challenges."""
+        await self._call(write=True)
+        now = self.clock_ms()
+        tables = self._tables
+        expired: dict[str, list[Any]] = {
+            "idempotency": [
+                k for k, r in tables.idempotency.items() if r.created_ms < now - IDEMPOTENCY_TTL_MS
+            ],
+            "sessions": [
+                k
+                for k, s in tables.sessions.items()
+                if s.record.expires_at_ms < now - SESSION_GRACE_MS
+            ],
+            "challenges": [k for k, c in tables.challenges.items() if c.expires_ms < now],
+        }
+        for key in expired["idempotency"]:
+            del tables.idempotency[key]
+        for key in expired["sessions"]:
+            del tables.sessions[key]
+        for key in expired["challenges"]:
+            del tables.challenges[key]
+        return {name: len(keys) for name, keys in expired.items() if keys}
+
+    # --- the log --------------------------------------------------------------------------
+
+    async def log_after(self, after_seq: int, limit: int) -> list[LogRecord]:
+        await self._call(write=False)
+        start = max(after_seq, 0)
+        return self._tables.log[start : start + max(limit, 0)]
+
+    async def log_head(self) -> int:
+        await self._call(write=False)
+        return len(self._tables.log)
+
+    @asynccontextmanager
+    async def listen_log(self) -> AsyncIterator[MemoryWakeups]:
+        """Wake-ups whenever an append takes a position (unless `drop_wakeups`). Opening one
+        fails with `Unavailable` while reads fail; `break_listeners()` fails open ones."""
+        await self._call(write=False)
+        wakeups = MemoryWakeups()
+        self._listeners.add(wakeups)
+        try:
+            yield wakeups
+        finally:
+            self._listeners.discard(wakeups)
+
+
+if TYPE_CHECKING:
+    _conforms: Store = MemoryStore()  # mypy checks the fake against the whole port

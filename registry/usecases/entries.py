@@ -1,0 +1,279 @@
+"""Entries: publish, update, delete and read (spec 4.1, design §4).
+
+A write is decided here (structure, signature, publisher, lifecycle, the version it is based on)
+and appended through the one write path as an `entry.*` change whose rows the store's entry
+handler writes (`apply_entry_version`): {expectedHead, publisherDid, entryType, lifecycle,
+prefix, suffix}, the served document being prefix ‖ sequence ‖ suffix. The handler re-checks
+the head under the log lock, so a concurrent change still ends in a clean 409.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from registry import entries as entry_rules
+from registry.caches import FollowedCache, ResultCache, Served
+from registry.canonical import canonicalize
+from registry.changes import Change, ChangeLog, IdemKey, Outcome
+from registry.config import Config
+from registry.errors import Conflict, Forbidden, Invalid, NotFound
+from registry.matching import facts_of
+from registry.store import EntryHead, Store
+from registry.usecases.common import Principal, now_ms, page_size, parse_sequence, rfc3339
+
+log = logging.getLogger(__name__)
+
+
+def entry_change(
+    kind: str,
+    *,
+    did: str,
+    expected_head: int | None,
+    publisher: str,
+    entry_type: str,
+    lifecycle: str,
+    prefix: str,
+    suffix: str,
+    event: dict[str, Any] | None = None,
+) -> Change:
+    """An `entry.*` change: one new version of `did` (the rows of the entry handler)."""
+    data = {"entryType": entry_type, "publisherDid": publisher, "lifecycleStatus": lifecycle}
+    data.update(event or {})
+    return Change(
+        kind=kind,
+        subject=did,
+        rows={
+            "expectedHead": expected_head,
+            "publisherDid": publisher,
+            "entryType": entry_type,
+            "lifecycle": lifecycle,
+            "prefix": prefix,
+            "suffix": suffix,
+        },
+        event=data,
+    )
+
+
+class Entries:
+    def __init__(
+        self,
+        *,
+        store: Store,
+        changes: ChangeLog,
+        config: Config,
+        cache: FollowedCache[str, Served],
+        results: ResultCache,
+        clock_ms: Callable[[], int] = now_ms,
+    ) -> None:
+        self.store = store
+        self.changes = changes
+        self.config = config
+        self.cache = cache  # entry DID → head
+        self.results = results  # discovery pages, dropped by the changes that can move them
+        self.clock_ms = clock_ms
+
+    # --- writes -------------------------------------------------------------------------
+
+    async def create(self, principal: Principal, data: Any, idem: IdemKey | None) -> Outcome:
+        dids: list[str] = []
+
+        async def decide() -> Change:
+            principal.require("entries.write")
+            entry = entry_rules.check_entry(data)
+            _check_publisher(principal, entry.publisher)
+            if entry.lifecycle not in entry_rules.CREATE_STATES:
+                raise Invalid(
+                    "a new entry starts as draft or active",
+                    code="entry_invalid",
+                    details={"field": "lifecycleStatus"},
+                )
+            dids.append(entry.did)
+            return self._version("entry.created", entry, expected_head=None)
+
+        outcome = await self.changes.submit(idem, decide)
+        return await self._written(outcome, dids[0] if dids else "", previous=None)
+
+    async def update(
+        self, principal: Principal, did: str, data: Any, idem: IdemKey | None
+    ) -> Outcome:
+        previous: list[str] = []
+
+        async def decide() -> Change:
+            principal.require("entries.write")
+            entry = entry_rules.check_entry(data)
+            if entry.did != did:
+                raise Invalid(
+                    "entryDid in the body is not the DID in the path",
+                    code="entry_invalid",
+                    details={"field": "entryDid"},
+                )
+            if entry.based_on is None:
+                raise Invalid(
+                    "an update carries the sequence of the version it is based on",
+                    code="sequence_required",
+                    details={"field": "sequence"},
+                )
+            head = await self.live_head(did)
+            _check_publisher(principal, entry.publisher)
+            if head.publisher_did != principal.did:
+                raise Forbidden(
+                    "only the entry's publisher may update it", code="publisher_mismatch"
+                )
+            if entry.based_on != head.head_seq:
+                raise Conflict(
+                    "the entry changed since the version this update is based on",
+                    code="sequence_conflict",
+                    details={"latestSequence": head.head_seq},
+                )
+            entry_rules.check_move(head.lifecycle, entry.lifecycle)
+            previous.append(head.doc)
+            return self._version("entry.updated", entry, expected_head=head.head_seq)
+
+        outcome = await self.changes.submit(idem, decide)
+        return await self._written(outcome, did, previous=previous[0] if previous else None)
+
+    async def delete(self, principal: Principal, did: str, idem: IdemKey | None) -> Outcome:
+        """Write a tombstone version; afterwards the DID reads as 404 and is never reused."""
+        previous: list[str] = []
+
+        async def decide() -> Change:
+            head = await self.live_head(did)
+            if head.publisher_did != principal.did and not principal.admin:
+                raise Forbidden(
+                    "only the entry's publisher may delete it", code="publisher_mismatch"
+                )
+            if not principal.admin:
+                principal.require("entries.write")
+            at = rfc3339(self.clock_ms())
+            prefix = (
+                '{"deletedAt":'
+                + _json_str(at)
+                + ',"entryDid":'
+                + _json_str(did)
+                + ',"lifecycleStatus":"deleted","sequence":'
+            )
+            previous.append(head.doc)
+            return entry_change(
+                "entry.deleted",
+                did=did,
+                expected_head=head.head_seq,
+                publisher=head.publisher_did,
+                entry_type=_entry_type(head.doc),
+                lifecycle="deleted",
+                prefix=prefix,
+                suffix="}",
+            )
+
+        outcome = await self.changes.submit(idem, decide)
+        return await self._written(outcome, did, previous=previous[0] if previous else None)
+
+    def _version(
+        self, kind: str, entry: entry_rules.CheckedEntry, *, expected_head: int | None
+    ) -> Change:
+        at = rfc3339(self.clock_ms())
+        form = entry_rules.stored_form(
+            entry.doc, updated_at=at, signature_created=at, members=entry.members
+        )
+        return entry_change(
+            kind,
+            did=entry.did,
+            expected_head=expected_head,
+            publisher=entry.publisher,
+            entry_type=entry.model.entry_type,
+            lifecycle=entry.lifecycle,
+            prefix=form.prefix,
+            suffix=form.suffix,
+            event={"name": entry.model.name, "version": entry.model.version},
+        )
+
+    async def _written(self, outcome: Outcome, did: str, *, previous: str | None) -> Outcome:
+        """The outcome of an entry write, once this process's caches have let go of what it
+        changed, so the writer reads its own write (the cache keeper does the same for every
+        process when the log record reaches it)."""
+        if outcome.replayed or outcome.refusal is not None or outcome.sequence is None:
+            return outcome
+        seq, doc = outcome.sequence, outcome.unwrap()
+        self.cache.invalidate(did)
+        versions = [doc] if previous is None else [previous, doc]
+        texts = sorted(self.results.match_texts())
+        decided = False
+        try:
+            if texts:
+                # Cached full-text pages: the database says which texts the versions match.
+                self.results.touch()
+                found = await self.store.change_versions([(seq, did)], texts)
+                decided = self.results.entry_changed_as_told(found.get(seq), texts)
+        except Exception:  # the write has committed: answer it whatever this check meets
+            log.warning("full-text check of a change failed; its pages are dropped", exc_info=True)
+        finally:
+            if not decided:  # also when cancelled: no await here
+                self.results.entry_changed([facts_of(v) for v in versions])
+            self.results.dropped_for(seq)
+        return outcome
+
+    # --- reads --------------------------------------------------------------------------
+
+    async def get(self, did: str) -> Served:
+        cached = self.cache.get(did)
+        if cached is not None:
+            return cached
+        epoch = self.cache.epoch
+        head = await self.live_head(did)
+        served = Served(head.head_seq, head.doc)
+        self.cache.put(did, served, epoch)
+        return served
+
+    async def list_versions(
+        self, did: str, *, limit: int | None, cursor: str | None
+    ) -> tuple[list[str], str | None, bool, int]:
+        await self.live_head(did)
+        size = page_size(self.config.limits, limit)
+        before = None
+        if cursor is not None:
+            before = parse_sequence(cursor)
+            if before is None:
+                raise Invalid(
+                    "cursor must be a sequence from a previous page", code="invalid_cursor"
+                )
+        docs, total = await self.store.list_versions(did, before, size + 1)
+        has_more = len(docs) > size
+        docs = docs[:size]
+        next_cursor = str(_sequence_of(docs[-1])) if has_more and docs else None
+        return docs, next_cursor, has_more, total
+
+    async def get_version(self, did: str, sequence: int) -> str:
+        await self.live_head(did)
+        doc = await self.store.get_version(did, sequence)
+        if doc is None:
+            raise NotFound("no such version of this entry", code="version_not_found")
+        return doc
+
+    async def live_head(self, did: str) -> EntryHead:
+        head = await self.store.get_entry_head(did)
+        if head is None or head.lifecycle == "deleted":
+            raise NotFound("entry not found", code="entry_not_found", details={"entryDid": did})
+        return head
+
+
+def _check_publisher(principal: Principal, publisher: str) -> None:
+    if publisher != principal.did:
+        raise Forbidden(
+            "publisherDid is not the signed-in principal",
+            code="publisher_mismatch",
+            details={"publisherDid": publisher, "principal": principal.did},
+        )
+
+
+def _json_str(text: str) -> str:
+    return canonicalize(text).decode()
+
+
+def _entry_type(doc: str) -> str:
+    return str(json.loads(doc).get("entryType", ""))
+
+
+def _sequence_of(doc: str) -> int:
+    return int(json.loads(doc)["sequence"])

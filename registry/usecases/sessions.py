@@ -1,0 +1,162 @@
+"""Sign-in and sessions (spec 4.6, design §5): challenge, verify, authenticate, logout."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from registry.caches import FollowedCache
+from registry.changes import Change, ChangeLog, IdemKey, Outcome
+from registry.config import Config
+from registry.errors import Invalid, Unauthorized
+from registry.identity import IdentityResolver
+from registry.keys import SigningKey
+from registry.models import ChallengeRequest, VerifyRequest, validate_model
+from registry.signin import (
+    capabilities_for,
+    check_response,
+    hash_token,
+    new_challenge,
+    new_session_token,
+    signer_public_key_text,
+)
+from registry.store import SessionRecord, Store
+from registry.usecases.common import Principal, now_ms
+
+
+class Sessions:
+    def __init__(
+        self,
+        *,
+        store: Store,
+        changes: ChangeLog,
+        config: Config,
+        key: SigningKey,
+        identity: IdentityResolver,
+        cache: FollowedCache[bytes, SessionRecord],
+        clock_ms: Callable[[], int] = now_ms,
+    ) -> None:
+        self.store = store
+        self.changes = changes
+        self.config = config
+        self.key = key
+        self.identity = identity
+        self.sessions = cache  # token hash → session
+        self.clock_ms = clock_ms
+
+    @property
+    def did(self) -> str:
+        return self.key.did
+
+    async def challenge(self, data: Any) -> dict[str, Any]:
+        request = validate_model(ChallengeRequest, data, code="invalid_challenge_request")
+        auth = self.config.auth
+        challenge = new_challenge(
+            audience=request.audience,
+            origin=self.config.server.public_origin,
+            chain_id=auth.chain_id,
+            registry_did=self.did,
+            root_did=auth.root_did or self.did,
+            now_ms=self.clock_ms(),
+        )
+        await self.store.put_challenge(challenge["nonce"], challenge, challenge["expiresAtMs"])
+        return challenge
+
+    async def verify(self, data: Any) -> tuple[dict[str, Any], str]:
+        """Check a signed response, open a session. Returns (response body, token)."""
+        try:
+            request = validate_model(VerifyRequest, data, code="signin_failed")
+        except Invalid as exc:  # the spec's verify answers 401 for every failed verification
+            raise Unauthorized(
+                f"sign-in verification failed: {exc.message}",
+                code="signin_failed",
+                details=exc.details,
+            ) from None
+        nonce = request.challenge.nonce
+        stored = await self.store.get_challenge(nonce)
+        if stored is None:
+            raise Unauthorized(
+                "sign-in verification failed: unknown or already used challenge",
+                code="signin_failed",
+                details={"reason": "unknown or already used challenge"},
+            )
+        signer = check_response(
+            stored=stored,
+            submitted_challenge=data["challenge"],
+            audience=request.audience,
+            response=request.response,
+            now_ms=self.clock_ms(),
+        )
+        identity = await self.identity.resolve(signer.did)
+        auth = self.config.auth
+        expires = self.clock_ms() + auth.session_ttl_seconds * 1000
+        session = SessionRecord(
+            principal=signer.did,
+            hmr_did=identity.hmr_did,
+            root_did=identity.root_did,
+            root_kind=identity.root_kind,
+            capabilities=capabilities_for(
+                signer.did,
+                defaults=auth.default_capabilities,
+                admin_dids=auth.admin_dids,
+                federation_dids=auth.federation_dids,
+            ),
+            expires_at_ms=expires,
+        )
+        token, token_hash = new_session_token()
+        if not await self.store.open_session(nonce, token_hash, session):
+            raise Unauthorized(
+                "sign-in verification failed: challenge already used",
+                code="signin_failed",
+                details={"reason": "challenge already used"},
+            )
+        body = {
+            "expiresAtMs": expires,
+            "hmrDid": identity.hmr_did,
+            "rootDid": identity.root_did,
+            "rootKind": identity.root_kind,
+            "sessionExpiresAtMs": expires,
+            "sessionToken": token,
+            "signerPublicKey": signer_public_key_text(signer.public_key),
+            "signerDid": signer.did,
+            "capabilities": list(session.capabilities),
+        }
+        return body, token
+
+    async def authenticate(self, token: str) -> Principal:
+        token_hash = hash_token(token)
+        session = self.sessions.get(token_hash)
+        if session is None:
+            epoch = self.sessions.epoch
+            session = await self.store.get_session(token_hash)
+            if session is not None:
+                self.sessions.put(token_hash, session, epoch)
+        if session is None or session.expires_at_ms <= self.clock_ms():
+            raise Unauthorized("session missing, expired or unknown", code="session_invalid")
+        return Principal(session.principal, session.capabilities, session, token_hash)
+
+    async def logout(self, principal: Principal, idem: IdemKey | None) -> Outcome:
+        """Revoke the caller's session: a `session.revoked` change (internal: it is never
+        published), which every process's cache keeper applies when the log reaches it."""
+        token_hash = principal.token_hash.hex()
+
+        async def decide() -> Change:
+            return Change(
+                "session.revoked", None, {"tokenHash": token_hash}, {"tokenHash": token_hash}
+            )
+
+        outcome = await self.changes.submit(idem, decide)
+        self.sessions.invalidate(principal.token_hash)
+        return outcome
+
+
+def session_body(principal: Principal) -> dict[str, Any]:
+    s = principal.session
+    return {
+        "expiresAtMs": s.expires_at_ms,
+        "hmrDid": s.hmr_did,
+        "rootDid": s.root_did,
+        "rootKind": s.root_kind,
+        "signerDid": s.principal,
+        "capabilities": list(s.capabilities),
+    }

@@ -1,0 +1,125 @@
+"""Wiring: the service's objects and actors over one store, in one nursery (design §1)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from functools import partial
+
+import trio
+from quart_trio import QuartTrio
+
+from actors.caches import Caches, run_cache_keeper
+from actors.janitor import run_janitor
+from actors.log import LogHandle, run_log
+from actors.ratelimiter import RateLimiter, run_rate_limiter
+from actors.supervisor import supervise
+from actors.writer import Writer, run_writer
+from api.app import create_app
+from api.http import Deps
+from registry.changes import ChangeLog
+from registry.config import Config
+from registry.discovery import CursorCodec
+from registry.identity import IdentityResolver
+from registry.keys import SigningKey
+from registry.ratelimit import Rate
+from registry.store import Store
+from registry.usecases.discovery import Discovery
+from registry.usecases.entries import Entries
+from registry.usecases.sessions import Sessions
+from ws.events import EventDeps, register_events
+
+
+@dataclass
+class Service:
+    """A running service: its app and the handles of its actors."""
+
+    config: Config
+    store: Store
+    app: QuartTrio
+    deps: Deps
+    writer: Writer
+    logs: LogHandle
+    caches: Caches
+    limiter: RateLimiter
+
+
+@asynccontextmanager
+async def open_service(
+    config: Config,
+    store: Store,
+    *,
+    key: SigningKey,
+    identity: IdentityResolver,
+    stopping: trio.Event | None = None,
+) -> AsyncIterator[Service]:
+    """Start the actors over `store` and build the app; everything stops when the block exits.
+
+    Inside the block the caches follow the log live (the cache keeper has attached). Setting
+    `stopping` closes the event subscribers (1001, with their resume point), so that a
+    graceful stop does not wait for them."""
+    limits = config.limits
+    async with trio.open_nursery() as nursery:
+        writer: Writer = await nursery.start(run_writer, store)
+        logs: LogHandle = await nursery.start(
+            lambda task_status: run_log(
+                store,
+                queue_size=config.events.queue_size,
+                poll_seconds=config.events.poll_seconds,
+                task_status=task_status,
+            )
+        )
+        caches = Caches(discover_capacity=limits.discover_cache_entries)
+        await nursery.start(run_cache_keeper, logs, store, caches)
+        rates = {
+            "read": Rate(limits.read_per_minute),
+            "write": Rate(limits.write_per_minute),
+            "query": Rate(limits.query_per_minute),
+        }
+        limiter: RateLimiter = await nursery.start(run_rate_limiter, rates)
+        # Housekeeping: any failure of a pass is retried later (never worth stopping the service).
+        nursery.start_soon(
+            partial(supervise, "janitor", lambda: run_janitor(store), known=(Exception,))
+        )
+
+        changes = ChangeLog(writer.append, store)
+        sessions = Sessions(
+            store=store,
+            changes=changes,
+            config=config,
+            key=key,
+            identity=identity,
+            cache=caches.sessions,
+        )
+        entries = Entries(
+            store=store,
+            changes=changes,
+            config=config,
+            cache=caches.entries,
+            results=caches.results,
+        )
+        discovery = Discovery(
+            store=store, config=config, cursors=CursorCodec(key.seed), results=caches.results
+        )
+        deps = Deps(
+            entries=entries,
+            sessions=sessions,
+            discovery=discovery,
+            store=store,
+            limiter=limiter,
+            config=config,
+            caches=caches.all(),
+        )
+        app = create_app(deps)
+        register_events(
+            app,
+            EventDeps(
+                logs=logs,
+                sessions=sessions,
+                config=config.events,
+                stopping=stopping if stopping is not None else trio.Event(),
+            ),
+        )
+        yield Service(config, store, app, deps, writer, logs, caches, limiter)
+        nursery.cancel_scope.cancel()

@@ -1,0 +1,580 @@
+"""One WebSocket connection of the event stream (`ws.events.Connection`) over a fake socket, the
+log actor and the in-memory store, in virtual time: heartbeats, the idle close, malformed
+messages, refused requests, slow and dead consumers, resubscribing, filters, and the closes
+that report a resume point."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, ClassVar
+
+import pytest
+import trio
+import trio.testing
+
+from actors.log import LogHandle, run_log
+from registry.changes import Change
+from registry.config import EventsConfig
+from registry.errors import Unauthorized
+from registry.store import SessionRecord
+from registry.store.memory import MemoryStore
+from registry.usecases.common import Principal
+from registry.usecases.entries import entry_change
+from ws.events import Connection, EventDeps
+
+AGENT = "AgentDefinition"
+TOOL = "ToolDefinition"
+_names = itertools.count()
+
+
+def new_did() -> str:
+    return f"did:web:agents.example:{next(_names)}"
+
+
+def version(
+    kind: str, did: str, head: int | None, entry_type: str = AGENT, lifecycle: str = "active"
+) -> Change:
+    return entry_change(
+        kind,
+        did=did,
+        expected_head=head,
+        publisher="did:web:publisher.example",
+        entry_type=entry_type,
+        lifecycle=lifecycle,
+        prefix=f'{{"entryDid":"{did}","sequence":',
+        suffix="}",
+        event={"name": "agent", "version": "1"},
+    )
+
+
+async def fill(store: MemoryStore, count: int) -> int:
+    """Append `count` new entries, one change each; the new head."""
+    for _ in range(count):
+        await store.append([(version("entry.created", new_did(), None), None)])
+    return await store.log_head()
+
+
+# --- the fake socket and the connection under test -------------------------------------------
+
+
+class FakeSocket:
+    """The server's side of a WebSocket over memory channels; the test plays the client.
+
+    `stall()` makes the server's sends block (a client that stopped reading) until `resume()`."""
+
+    def __init__(self) -> None:
+        self._to_server, self._from_client = trio.open_memory_channel[str | bytes](64)
+        self._to_client, self._from_server = trio.open_memory_channel[str](4096)
+        self.close_frame: tuple[int, str] | None = None
+        self._stall: trio.Event | None = None
+
+    async def receive(self) -> str | bytes:
+        return await self._from_client.receive()
+
+    async def send(self, data: str) -> None:
+        if self._stall is not None:
+            await self._stall.wait()
+        await self._to_client.send(data)
+
+    async def close(self, code: int, reason: str = "") -> None:
+        await trio.lowlevel.checkpoint()
+        self.close_frame = (code, reason)
+
+    # --- the client's side ---------------------------------------------------------------
+
+    async def put(self, message: dict[str, Any] | str | bytes) -> None:
+        await self._to_server.send(json.dumps(message) if isinstance(message, dict) else message)
+
+    async def get(self) -> dict[str, Any]:
+        return dict(json.loads(await self._from_server.receive()))
+
+    def pending(self) -> list[dict[str, Any]]:
+        """The messages sent and not yet read, without waiting."""
+        out = []
+        while True:
+            try:
+                out.append(json.loads(self._from_server.receive_nowait()))
+            except trio.WouldBlock:
+                return out
+
+    def stall(self) -> None:
+        self._stall = trio.Event()
+
+    def resume(self) -> None:
+        assert self._stall is not None
+        self._stall.set()
+        self._stall = None
+
+
+def principal(did: str, *capabilities: str) -> Principal:
+    session = SessionRecord(did, did, did, "web", capabilities, 2**62)
+    return Principal(did, capabilities, session, b"hash")
+
+
+class StubSessions:
+    """`Sessions.authenticate` for two tokens."""
+
+    TOKENS: ClassVar[dict[str, Principal]] = {
+        "admin-token": principal("did:web:admin.example", "admin"),
+        "user-token": principal("did:web:user.example", "entries.write"),
+    }
+
+    async def authenticate(self, token: str) -> Principal:
+        await trio.lowlevel.checkpoint()
+        if token not in self.TOKENS:
+            raise Unauthorized("session missing, expired or unknown", code="session_invalid")
+        return self.TOKENS[token]
+
+
+class Client:
+    """A connection under test and the fake socket it serves."""
+
+    def __init__(self, deps: EventDeps) -> None:
+        self.sock = FakeSocket()
+        self.connection = Connection(self.sock, deps)
+        self.ended_at: float | None = None
+
+    async def run(self) -> None:
+        await self.connection.run()
+        self.ended_at = trio.current_time()
+
+    async def subscribe(self, **fields: Any) -> int:
+        await self.sock.put({"type": "subscribe", **fields})
+        answer = await self.sock.get()
+        assert answer["type"] == "subscribed", answer
+        return int(answer["fromSequence"])
+
+    async def events(self, count: int) -> list[int]:
+        """The sequences of the next `count` messages, all events."""
+        out = []
+        for _ in range(count):
+            message = await self.sock.get()
+            assert message["type"] == "event", message
+            out.append(message["sequence"])
+        return out
+
+    async def until_heartbeat(self) -> tuple[list[int], int]:
+        """The sequences of the events before the next heartbeat, and its resume point."""
+        out = []
+        while (message := await self.sock.get())["type"] == "event":
+            out.append(message["sequence"])
+        assert message["type"] == "heartbeat", message
+        return out, message["lastSequence"]
+
+
+@dataclass
+class Events:
+    store: MemoryStore
+    logs: LogHandle
+    deps: EventDeps
+    nursery: trio.Nursery
+
+    def connect(self) -> Client:
+        client = Client(self.deps)
+        self.nursery.start_soon(client.run)
+        return client
+
+
+@asynccontextmanager
+async def open_events(*, queue_size: int = 1024, **config: Any) -> AsyncIterator[Events]:
+    """The log actor over a fresh store, and event dependencies configured with `config`."""
+    store = MemoryStore()
+    async with trio.open_nursery() as nursery:
+        logs: LogHandle = await nursery.start(partial(run_log, store, queue_size=queue_size))
+        sessions: Any = StubSessions()  # the one method a connection uses
+        deps = EventDeps(logs=logs, sessions=sessions, config=EventsConfig(**config))
+        yield Events(store, logs, deps, nursery)
+        nursery.cancel_scope.cancel()
+
+
+def reason(client: Client) -> dict[str, Any]:
+    assert client.sock.close_frame is not None
+    return dict(json.loads(client.sock.close_frame[1]))
+
+
+# --- heartbeats and idleness -----------------------------------------------------------------
+
+
+async def test_a_heartbeat_follows_each_quiet_heartbeat_seconds(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with open_events(heartbeat_seconds=20, idle_seconds=60) as events:
+        await fill(events.store, 2)
+        client = events.connect()
+        origin = trio.current_time()
+        assert await client.subscribe() == 2  # live from the head
+        beats = []
+        for _ in range(4):  # past idle_seconds: a subscribed socket is not idle
+            assert await client.sock.get() == {"type": "heartbeat", "lastSequence": 2}
+            beats.append(trio.current_time() - origin)
+        assert beats == [20, 40, 60, 80]
+        await trio.sleep_until(origin + 95)
+        await fill(events.store, 1)
+        assert await client.events(1) == [3]
+        assert await client.sock.get() == {"type": "heartbeat", "lastSequence": 3}
+        assert trio.current_time() == origin + 115  # quiet is counted from the last event
+        assert client.ended_at is None
+
+
+async def test_a_socket_without_subscription_is_closed_after_idle_seconds(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with open_events(idle_seconds=60) as events:
+        origin = trio.current_time()
+        idle = events.connect()
+        pinging = events.connect()
+        unsubscribed = events.connect()
+        await trio.sleep_until(origin + 30)
+        await pinging.sock.put({"type": "ping"})
+        assert await pinging.sock.get() == {"type": "pong"}
+        await unsubscribed.subscribe()
+        await trio.sleep_until(origin + 100)
+        await unsubscribed.sock.put({"type": "unsubscribe"})
+        while (answer := await unsubscribed.sock.get())["type"] == "heartbeat":
+            pass
+        assert answer == {"type": "unsubscribed", "lastSequence": 0}
+        await trio.sleep_until(origin + 200)
+    assert idle.sock.close_frame == (4408, "idle: no subscription for 60s")
+    assert pinging.sock.close_frame == (4408, "idle: no subscription for 60s")
+    assert unsubscribed.sock.close_frame == (4408, "idle: no subscription for 60s")
+    assert idle.ended_at == origin + 60
+    assert pinging.ended_at == origin + 90  # a message restarts the idle timer
+    assert unsubscribed.ended_at == origin + 160
+
+
+# --- malformed and refused messages ---------------------------------------------------------
+
+MALFORMED: dict[str, tuple[str | bytes, str]] = {
+    "binary frame": (b'{"type":"ping"}', "binary frames are not accepted; send JSON text"),
+    "not JSON": ("subscribe please", "message is not JSON"),
+    "JSON, not an object": ('["ping"]', "expected a JSON object"),
+    "null": ("null", "expected a JSON object"),
+    "no type": ('{"kinds":["entry.created"]}', "expected a JSON object"),
+    "unknown type": ('{"type":"shout"}', "expected a JSON object"),
+    "too large": (json.dumps({"type": "ping", "pad": "x" * 20_000}), "message too large"),
+    "nested too deep for the parser": ("[" * 10_000, "message is not JSON"),
+}
+
+
+@pytest.mark.parametrize(("message", "why"), MALFORMED.values(), ids=MALFORMED.keys())
+async def test_a_malformed_message_closes_the_socket_with_4400(
+    autojump_clock: trio.testing.MockClock, message: str | bytes, why: str
+) -> None:
+    async with open_events() as events:
+        client = events.connect()
+        await client.subscribe(fromSequence=0)
+        await client.sock.put(message)
+        await trio.testing.wait_all_tasks_blocked()
+        assert client.ended_at is not None
+    assert client.sock.close_frame is not None
+    code, text = client.sock.close_frame
+    assert (code, text[: len(why)]) == (4400, why)
+
+
+REFUSED: dict[str, tuple[str | None, dict[str, Any], str]] = {
+    # the socket's session token, the message, the error code of the answer
+    "unknown kind": (None, {"type": "subscribe", "kinds": ["entry.exploded"]}, "invalid_message"),
+    "admin-only kind": (
+        None,
+        {"type": "subscribe", "kinds": ["peer.status"]},
+        "capability_missing",
+    ),
+    "admin-only kind as a user": (
+        "user-token",
+        {"type": "subscribe", "kinds": ["entry.created", "peer.status"]},
+        "capability_missing",
+    ),
+    "unknown member": (None, {"type": "subscribe", "from": 3}, "invalid_message"),
+    "negative position": (None, {"type": "subscribe", "fromSequence": -1}, "invalid_message"),
+    "position as text": (None, {"type": "subscribe", "fromSequence": "3"}, "invalid_message"),
+    "empty filter": (None, {"type": "subscribe", "entryDids": []}, "invalid_message"),
+    "unknown session": (None, {"type": "auth", "token": "stolen"}, "session_invalid"),
+    "auth without token": (None, {"type": "auth"}, "invalid_message"),
+}
+
+
+@pytest.mark.parametrize(("token", "message", "code"), REFUSED.values(), ids=REFUSED.keys())
+async def test_a_refused_request_is_answered_and_the_socket_stays_open(
+    autojump_clock: trio.testing.MockClock, token: str | None, message: dict[str, Any], code: str
+) -> None:
+    async with open_events(idle_seconds=60) as events:
+        await fill(events.store, 3)
+        client = events.connect()
+        if token is not None:
+            await client.sock.put({"type": "auth", "token": token})
+            assert (await client.sock.get())["admin"] is False
+        await client.subscribe(fromSequence=1)
+        assert await client.events(2) == [2, 3]
+        await client.sock.put(message)
+        answer = await client.sock.get()
+        assert answer["type"] == "error"
+        assert answer["error"]["code"] == code
+        # Still open, and the subscription in place goes on.
+        await fill(events.store, 1)
+        assert await client.events(1) == [4]
+        await client.sock.put({"type": "ping"})
+        assert await client.sock.get() == {"type": "pong"}
+        assert client.ended_at is None
+        assert client.sock.close_frame is None
+
+
+async def test_admin_only_kinds_after_authenticating_as_an_admin(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with open_events() as events:
+        client = events.connect()
+        await client.sock.put({"type": "auth", "token": "admin-token"})
+        assert await client.sock.get() == {
+            "type": "authenticated",
+            "principal": "did:web:admin.example",
+            "admin": True,
+        }
+        assert await client.subscribe(kinds=["peer.status"]) == 0
+
+
+# --- slow and dead consumers -----------------------------------------------------------------
+
+
+async def test_a_slow_consumer_is_closed_with_its_resume_point_and_loses_nothing(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with open_events(queue_size=2) as events:
+        await fill(events.store, 3)
+        slow, steady = events.connect(), events.connect()
+        for client in (slow, steady):
+            await client.subscribe(fromSequence=0)
+            assert await client.events(3) == [1, 2, 3]
+        await trio.testing.wait_all_tasks_blocked()  # both live
+        slow.sock.stall()
+        for _ in range(4):  # 4 is being sent to `slow`; 5 and 6 fill its queue; 7 overflows
+            await fill(events.store, 1)
+            await trio.testing.wait_all_tasks_blocked()
+        assert events.logs.statistics().dropped_slow == 1
+        await trio.sleep(5)  # slow, but not dead (send_timeout_seconds is 30)
+        slow.sock.resume()
+        assert await slow.events(3) == [4, 5, 6]
+        await trio.testing.wait_all_tasks_blocked()
+        assert slow.sock.close_frame is not None
+        assert slow.sock.close_frame[0] == 4429
+        assert reason(slow) == {"code": "slow_consumer", "lastSequence": 6}
+        assert slow.ended_at is not None
+        # The steady subscriber noticed nothing; the slow one resumes without loss.
+        await fill(events.store, 1)
+        assert await steady.events(5) == [4, 5, 6, 7, 8]
+        again = events.connect()
+        assert await again.subscribe(fromSequence=reason(slow)["lastSequence"]) == 6
+        assert await again.events(2) == [7, 8]
+        assert steady.sock.close_frame is None
+
+
+async def test_a_client_that_takes_no_data_is_dropped_without_a_close_frame(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with open_events(send_timeout_seconds=30) as events:
+        await fill(events.store, 1)
+        client = events.connect()
+        await client.subscribe(fromSequence=0)
+        assert await client.events(1) == [1]
+        client.sock.stall()
+        await fill(events.store, 1)
+        stalled = trio.current_time()
+        await trio.sleep(100)
+    # The watchdog checks every quarter of the timeout: dropped within 30 to 37.5 s.
+    assert client.ended_at is not None
+    assert stalled + 30 <= client.ended_at <= stalled + 37.5
+    assert client.sock.close_frame is None
+
+
+async def test_a_log_that_cannot_be_read_closes_with_1011_and_the_resume_point(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with open_events() as events:
+        await fill(events.store, 3)
+        client = events.connect()
+        await trio.testing.wait_all_tasks_blocked()  # the log actor has read: it waits
+        events.store.fail_reads = True  # for an instant, or the log actor would fail too
+        await client.subscribe(fromSequence=1)
+        await trio.testing.wait_all_tasks_blocked()
+        events.store.fail_reads = False
+        assert client.ended_at == trio.current_time()
+    assert client.sock.close_frame is not None
+    assert client.sock.close_frame[0] == 1011
+    assert reason(client) == {"code": "unavailable", "lastSequence": 1}
+
+
+async def test_a_stopping_server_closes_with_1001_and_the_resume_point(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with open_events() as events:
+        await fill(events.store, 3)
+        client, idle = events.connect(), events.connect()
+        await client.subscribe(fromSequence=0, kinds=["entry.updated"])
+        _, last = await client.until_heartbeat()
+        assert last == 3
+        events.deps.stopping.set()
+        await trio.testing.wait_all_tasks_blocked()
+    assert client.sock.close_frame is not None
+    assert client.sock.close_frame[0] == 1001
+    assert reason(client) == {"code": "server_stopping", "lastSequence": 3}
+    assert reason(idle) == {"code": "server_stopping", "lastSequence": None}
+
+
+# --- subscriptions ---------------------------------------------------------------------------
+
+
+async def test_unsubscribe_and_resubscribe_on_one_socket(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with open_events() as events:
+        await fill(events.store, 2)
+        client = events.connect()
+        assert await client.subscribe(fromSequence=0) == 0
+        assert await client.events(2) == [1, 2]
+        await client.sock.put({"type": "unsubscribe"})
+        assert await client.sock.get() == {"type": "unsubscribed", "lastSequence": 2}
+        await fill(events.store, 2)
+        await trio.sleep(30)
+        assert client.sock.pending() == []  # nothing while unsubscribed, not even heartbeats
+        assert await client.subscribe(fromSequence=2) == 2
+        assert await client.events(2) == [3, 4]
+        assert await client.subscribe() == 4  # replaces it, live from the head
+        await fill(events.store, 1)
+        assert await client.events(1) == [5]
+        assert await client.sock.get() == {"type": "heartbeat", "lastSequence": 5}
+        await client.sock.put({"type": "unsubscribe"})
+        assert await client.sock.get() == {"type": "unsubscribed", "lastSequence": 5}
+        await client.sock.put({"type": "unsubscribe"})  # twice is harmless
+        assert await client.sock.get() == {"type": "unsubscribed", "lastSequence": 5}
+
+
+@dataclass(frozen=True)
+class Log:
+    """The log of the filter tests: who is which sequence."""
+
+    a: str
+    b: str
+    c: str
+
+
+async def write_filter_log(store: MemoryStore) -> Log:
+    """1 create a (agent), 2 create b (tool), 3 update a, 4 delete b, 5 a logout (internal),
+    6 create c (agent)."""
+    log = Log(new_did(), new_did(), new_did())
+    await store.put_challenge("nonce", {}, 2**62)
+    assert await store.open_session("nonce", b"token", principal("did:web:me").session)
+    changes = [
+        version("entry.created", log.a, None),
+        version("entry.created", log.b, None, entry_type=TOOL),
+        version("entry.updated", log.a, 1),
+        version("entry.deleted", log.b, 2, entry_type=TOOL, lifecycle="deleted"),
+        Change("session.revoked", None, {"tokenHash": b"token".hex()}, {}),
+        version("entry.created", log.c, None),
+    ]
+    outcomes = await store.append([(change, None) for change in changes])
+    assert [o.sequence for o in outcomes] == [1, 2, 3, 4, 5, 6]
+    return log
+
+
+FILTERS: dict[str, tuple[dict[str, Any], list[int]]] = {
+    "everything public": ({}, [1, 2, 3, 4, 6]),
+    "by kind": ({"kinds": ["entry.created"]}, [1, 2, 6]),
+    "by kinds": ({"kinds": ["entry.updated", "entry.deleted"]}, [3, 4]),
+    "by entry": ({"entryDids": ["a"]}, [1, 3]),
+    "by entries": ({"entryDids": ["b", "c"]}, [2, 4, 6]),
+    "by type": ({"entryTypes": [TOOL]}, [2, 4]),
+    "kind and type": ({"kinds": ["entry.created"], "entryTypes": [AGENT]}, [1, 6]),
+    "kind and entry, nothing": ({"kinds": ["entry.updated"], "entryDids": ["b"]}, []),
+    "no such type": ({"entryTypes": ["Nothing"]}, []),
+}
+
+
+@pytest.mark.parametrize(("fields", "expected"), FILTERS.values(), ids=FILTERS.keys())
+async def test_filters_select_events_and_the_resume_point_covers_the_rest(
+    autojump_clock: trio.testing.MockClock, fields: dict[str, Any], expected: list[int]
+) -> None:
+    async with open_events() as events:
+        log = await write_filter_log(events.store)
+        if "entryDids" in fields:
+            fields = {**fields, "entryDids": [getattr(log, n) for n in fields["entryDids"]]}
+        client = events.connect()
+        await client.subscribe(fromSequence=0, **fields)
+        got, last = await client.until_heartbeat()
+        assert got == expected
+        assert last == 6  # the filtered-out and internal records are covered
+        await client.sock.put({"type": "unsubscribe"})
+        assert await client.sock.get() == {"type": "unsubscribed", "lastSequence": 6}
+
+
+async def test_an_event_message_is_the_log_record_as_sent(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with open_events() as events:
+        log = await write_filter_log(events.store)
+        client = events.connect()
+        await client.subscribe(fromSequence=0, entryDids=[log.a])
+        first = await client.sock.get()
+        [record] = await events.store.log_after(0, 1)
+        assert first == json.loads(record.event_json)
+        assert first["entryDid"] == log.a
+        assert first["data"] == {
+            "entryType": AGENT,
+            "publisherDid": "did:web:publisher.example",
+            "lifecycleStatus": "active",
+            "name": "agent",
+            "version": "1",
+        }
+
+
+async def test_batch_mode_sends_what_is_queued_in_one_frame_and_loses_nothing(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with open_events() as events:
+        client = events.connect()
+        await client.subscribe(fromSequence=0, batch=True, entryTypes=[AGENT])
+        # One transaction of five changes (one a ToolDefinition): the log actor queues all
+        # five at once, so they leave together; the filtered one only moves the resume point.
+        dids = [new_did() for _ in range(5)]
+        await events.store.append(
+            [
+                (version("entry.created", did, None, TOOL if n == 2 else AGENT), None)
+                for n, did in enumerate(dids)
+            ]
+        )
+        frame = await client.sock.get()
+        assert frame["type"] == "events"
+        assert [e["sequence"] for e in frame["events"]] == [1, 2, 4, 5]
+        assert all(e["type"] == "event" and e["kind"] == "entry.created" for e in frame["events"])
+        await events.store.append([(version("entry.created", new_did(), None), None)])
+        single = await client.sock.get()
+        assert [e["sequence"] for e in single["events"]] == [6]
+        await client.sock.put({"type": "unsubscribe"})
+        assert (await client.sock.get()) == {"type": "unsubscribed", "lastSequence": 6}
+
+
+async def test_a_flood_of_client_messages_is_closed_with_4429(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with open_events(messages_per_minute=10) as events:
+        client = events.connect()
+        for _ in range(10):  # the burst is allowed
+            await client.sock.put({"type": "ping"})
+            assert await client.sock.get() == {"type": "pong"}
+        await client.sock.put({"type": "ping"})
+        await trio.testing.wait_all_tasks_blocked()
+        assert client.sock.close_frame is not None
+        assert client.sock.close_frame[0] == 4429
+        assert reason(client) == {"code": "too_many_messages", "lastSequence": None}
+    # A steady client within its rate is never closed: one message every 6 s is 10 a minute.
+    async with open_events(messages_per_minute=10) as events:
+        client = events.connect()
+        await client.subscribe()
+        for _ in range(30):
+            await trio.sleep(6)
+            await client.sock.put({"type": "ping"})
+            assert (await client.sock.get())["type"] in ("pong", "heartbeat")
+        assert client.sock.close_frame is None

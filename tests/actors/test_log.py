@@ -1,0 +1,328 @@
+"""The log actor over the in-memory store and virtual time: replay then live with no gap or
+duplicate under concurrent writes, dropping a slow subscriber without slowing anyone else,
+restarting after a lost LISTEN connection, the poll as a safety net, and its statistics."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from functools import partial
+from typing import NoReturn
+
+import pytest
+import trio
+import trio.testing
+
+import actors.log as log_actor
+from actors.log import PAGE, Lagged, LogHandle, Subscription, run_log
+from actors.supervisor import supervise
+from registry.changes import Change, LogRecord
+from registry.errors import Unavailable
+from registry.store.memory import MemoryStore
+from tests.helpers import entry_created
+
+_names = itertools.count()
+
+
+def create() -> Change:
+    return entry_created(f"did:web:agents.example:{next(_names)}")
+
+
+async def fill(store: MemoryStore, count: int) -> int:
+    """Append `count` changes in one batch; the new head."""
+    await store.append([(create(), None) for _ in range(count)])
+    return await store.log_head()
+
+
+async def write(store: MemoryStore, batches: list[int], every: float) -> None:
+    """Append batches of the given sizes, one every `every` virtual seconds."""
+    for size in batches:
+        await fill(store, size)
+        await trio.sleep(every)
+
+
+async def consume(
+    handle: LogHandle, after: int, until: int, got: list[int], queue_size: int | None = None
+) -> None:
+    """Receive every sequence after `after` up to `until` into `got`."""
+    async with handle.subscribe(after, queue_size=queue_size) as subscription:
+        while subscription.last < until:
+            got.append((await subscription.receive()).seq)
+
+
+async def drain(subscription: Subscription, got: list[int]) -> NoReturn:
+    """Receive into `got` until `receive` raises."""
+    while True:
+        got.append((await subscription.receive()).seq)
+
+
+async def consume_retrying(handle: LogHandle, after: int, until: int, got: list[int]) -> None:
+    """`consume`, retrying a second later while the log cannot be read."""
+    async with handle.subscribe(after) as subscription:
+        while subscription.last < until:
+            try:
+                got.append((await subscription.receive()).seq)
+            except Unavailable:
+                await trio.sleep(1)
+
+
+@pytest.fixture
+def top_jitter(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The log actor's supervisor draws its jitter at the top: each restart delay is exactly
+    `Backoff().delay(failures)` (0.5, 1, 2, 4, 8 ... seconds)."""
+    monkeypatch.setattr(log_actor, "supervise", partial(supervise, draw=lambda: 1.0))
+
+
+@asynccontextmanager
+async def open_log(store: MemoryStore, **options: float) -> AsyncIterator[LogHandle]:
+    """The actor for the duration of the block (then cancelled)."""
+    async with trio.open_nursery() as nursery:
+        handle: LogHandle = await nursery.start(partial(run_log, store, **options))
+        yield handle
+        nursery.cancel_scope.cancel()
+
+
+# --- (a) replay, then live ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("queue_size", [1024, 8])
+@pytest.mark.parametrize("latency", [0.0, 0.004], ids=["instant", "slow-store"])
+async def test_subscribers_at_any_position_get_every_sequence_once_in_order(
+    autojump_clock: trio.testing.MockClock, queue_size: int, latency: float
+) -> None:
+    # With a slow store, a replay's last page is behind the actor by the time it attaches:
+    # the hand-over queues the missing records from the ring, or sends it back to replay.
+    store = MemoryStore(latency=latency)
+    head = await fill(store, 2 * PAGE + 200)  # a replay of several pages
+    batches = [1, 3, 1, 7, 2, 1, 1, 5] * 20
+    end = head + sum(batches)
+    starts = [0, 1, head // 2, head - 1, head]
+    got: dict[int, list[int]] = {start: [] for start in starts}
+    late: list[int] = []
+    async with open_log(store, queue_size=queue_size) as logs, trio.open_nursery() as nursery:
+        nursery.start_soon(write, store, batches, 0.01)
+        for start in starts:
+            nursery.start_soon(consume, logs, start, end, got[start])
+        await trio.sleep(0.5)  # a subscriber starting mid-stream, behind the live head
+        middle = await store.log_head()
+        nursery.start_soon(consume, logs, middle - 20, end, late)
+    for start in starts:
+        assert got[start] == list(range(start + 1, end + 1)), start
+    assert late == list(range(middle - 19, end + 1))
+    assert logs.statistics().dropped_slow == 0
+
+
+async def test_a_subscriber_past_the_head_waits_for_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store = MemoryStore()
+    await fill(store, 3)
+    got: list[int] = []
+    async with open_log(store) as logs, trio.open_nursery() as nursery:
+        nursery.start_soon(consume, logs, 5, 7, got)
+        await trio.testing.wait_all_tasks_blocked()
+        await fill(store, 2)  # up to 5: nothing for it yet
+        await trio.testing.wait_all_tasks_blocked()
+        assert got == []
+        await fill(store, 2)
+    assert got == [6, 7]
+
+
+class HeldReplay(MemoryStore):
+    """A store whose read after `held` answers only once `release` is set: a replay's last
+    page, read before later changes and delivered after the actor has read them."""
+
+    def __init__(self, held: int) -> None:
+        super().__init__()
+        self.held = held
+        self.release = trio.Event()
+        self.reads: list[int] = []  # the position of every log read
+
+    async def log_after(self, after_seq: int, limit: int) -> list[LogRecord]:
+        records = await super().log_after(after_seq, limit)
+        self.reads.append(after_seq)
+        if after_seq == self.held:
+            await self.release.wait()
+        return records
+
+
+@pytest.mark.parametrize(
+    ("queue_size", "replays_on"),
+    [(1024, False), (2, True)],  # the three missing records fit its queue, or they do not
+    ids=["from-the-ring", "replay-on"],
+)
+async def test_a_subscriber_attaching_behind_the_actor_gets_the_missing_records(
+    autojump_clock: trio.testing.MockClock, queue_size: int, replays_on: bool
+) -> None:
+    store = HeldReplay(held=5)
+    await fill(store, 10)
+    got: list[int] = []
+    async with open_log(store, queue_size=queue_size) as logs, trio.open_nursery() as nursery:
+        nursery.start_soon(consume, logs, 5, 14, got)
+        await trio.testing.wait_all_tasks_blocked()  # its replay read 6..10, held
+        await fill(store, 3)
+        await trio.testing.wait_all_tasks_blocked()
+        assert logs.statistics().head == 13  # the actor read 11..13 before the attach
+        released = len(store.reads)
+        store.release.set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert got == list(range(6, 14))
+        assert (10 in store.reads[released:]) is replays_on  # the next page, from the store
+        await fill(store, 1)  # and live
+    assert got == list(range(6, 15))
+
+
+# --- (b) a slow subscriber is dropped --------------------------------------------------------
+
+
+async def test_a_subscriber_that_does_not_read_is_dropped_and_resumes_from_lagged(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store = MemoryStore()
+    head = await fill(store, 10)
+    fast: list[int] = []
+    slow: list[int] = []
+    resumed: list[int] = []
+    async with open_log(store, queue_size=4) as logs, trio.open_nursery() as nursery:
+        nursery.start_soon(consume, logs, head, head + 30, fast, 1024)
+        async with logs.subscribe(head - 1) as lagging:
+            slow.append((await lagging.receive()).seq)  # attached live at the head
+            await trio.testing.wait_all_tasks_blocked()
+            began = trio.current_time()
+            for _ in range(30):
+                await fill(store, 1)
+            assert trio.current_time() == began  # the writer never waited for anyone
+            await trio.testing.wait_all_tasks_blocked()
+            assert logs.statistics().dropped_slow == 1
+            with pytest.raises(Lagged) as caught:
+                await drain(lagging, slow)
+        last = caught.value.last_sequence
+        assert slow == list(range(head, last + 1))
+        assert last == head + 4  # what its queue held when it overflowed
+        await consume(logs, last, head + 30, resumed)
+    assert fast == list(range(head + 1, head + 31))
+    assert resumed == list(range(last + 1, head + 31))
+    assert logs.statistics().dropped_slow == 1
+
+
+# --- (c) a lost LISTEN connection -------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("top_jitter")
+async def test_the_actor_restarts_after_a_lost_listen_and_subscribers_resume(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store = MemoryStore()
+    head = await fill(store, 5)
+    end = head + 20
+    got: dict[int, list[int]] = {0: [], head: []}
+    async with open_log(store) as logs, trio.open_nursery() as nursery:
+        for start in got:
+            nursery.start_soon(consume, logs, start, end, got[start])
+        await fill(store, 5)
+        await trio.testing.wait_all_tasks_blocked()
+        assert logs.statistics().connected
+        assert store.break_listeners() == 1
+        lost = trio.current_time()
+        await fill(store, 5)  # while the actor is down
+        await trio.testing.wait_all_tasks_blocked()
+        assert not logs.statistics().connected
+        await trio.sleep_until(lost + 0.49)
+        assert not logs.statistics().connected
+        await trio.sleep_until(lost + 0.5)  # the first restart waits Backoff().delay(1)
+        await trio.testing.wait_all_tasks_blocked()
+        assert logs.statistics().connected
+        assert store.listeners == 1
+        await fill(store, 10)
+    for start, seqs in got.items():
+        assert seqs == list(range(start + 1, end + 1))
+
+
+@pytest.mark.usefixtures("top_jitter")
+async def test_the_actor_retries_with_backoff_while_the_database_is_down(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store = MemoryStore()
+    got: list[int] = []
+    async with open_log(store) as logs, trio.open_nursery() as nursery:
+        nursery.start_soon(consume_retrying, logs, 0, 12, got)
+        await fill(store, 4)
+        await trio.testing.wait_all_tasks_blocked()
+        store.fail_reads = True  # nor can the listener be opened again
+        store.break_listeners()
+        lost = trio.current_time()
+        await trio.sleep(10)
+        store.fail_reads = False
+        await fill(store, 8)
+        # Failures at 0 (the break), 0.5, 1.5, 3.5 and 7.5; the attempt at 15.5 succeeds.
+        await trio.sleep_until(lost + 15.49)
+        assert not logs.statistics().connected
+        await trio.sleep_until(lost + 15.5)
+        await trio.testing.wait_all_tasks_blocked()
+        assert logs.statistics().connected
+    assert got == list(range(1, 13))
+
+
+# --- (d) the poll ----------------------------------------------------------------------------
+
+
+async def test_a_lost_wakeup_is_read_after_poll_seconds(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store = MemoryStore()
+    got: list[tuple[int, float]] = []
+
+    async def follow(logs: LogHandle) -> None:
+        async with logs.subscribe(0) as subscription:
+            while True:
+                record = await subscription.receive()
+                got.append((record.seq, trio.current_time()))
+
+    origin = trio.current_time()
+    async with open_log(store, poll_seconds=5.0) as logs, trio.open_nursery() as nursery:
+        nursery.start_soon(follow, logs)
+        await trio.testing.wait_all_tasks_blocked()
+        store.drop_wakeups = True
+        await fill(store, 1)  # at 0, its NOTIFY lost
+        await trio.sleep_until(origin + 4.99)
+        assert got == []
+        await trio.sleep_until(origin + 5.1)
+        assert got == [(1, origin + 5.0)]  # the first poll
+        store.drop_wakeups = False
+        await fill(store, 1)  # at 5.1: woken at once
+        await trio.testing.wait_all_tasks_blocked()
+        assert got[-1] == (2, origin + 5.1)
+        nursery.cancel_scope.cancel()
+
+
+# --- (e) statistics --------------------------------------------------------------------------
+
+
+async def test_statistics_follow_the_head_the_subscribers_and_the_drops(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store = MemoryStore()
+    await fill(store, 3)
+    async with open_log(store, queue_size=2) as logs:
+        stats = logs.statistics()
+        assert (stats.head, stats.subscribers, stats.dropped_slow) == (3, 0, 0)
+        await trio.testing.wait_all_tasks_blocked()
+        assert logs.statistics().connected
+        async with logs.subscribe(2) as one, logs.subscribe(2) as two:
+            assert (await one.receive()).seq == 3
+            assert (await two.receive()).seq == 3
+            assert logs.statistics().subscribers == 2
+            await fill(store, 1)
+            await trio.testing.wait_all_tasks_blocked()
+            assert (await one.receive()).seq == 4  # `two` reads nothing from here on
+            await fill(store, 2)  # `two` holds 4 and 5; 6 overflows its queue
+            await trio.testing.wait_all_tasks_blocked()
+            stats = logs.statistics()
+            assert (stats.head, stats.subscribers, stats.dropped_slow) == (6, 1, 1)
+            assert stats.records_read == 3  # since it started at 3
+        await fill(store, 1)  # the closed subscription is noticed on the next record
+        await trio.testing.wait_all_tasks_blocked()
+        stats = logs.statistics()
+        assert (stats.head, stats.subscribers, stats.dropped_slow) == (7, 0, 1)
+        assert await logs.head() == 7

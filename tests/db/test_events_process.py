@@ -1,0 +1,123 @@
+"""The event stream across real processes: two `registry serve` on one database, a WebSocket
+client (trio-websocket) on one of them, writes through the other; a slow consumer closed with
+its resume point over a real socket, and the resume losing nothing."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio_asyncio
+from trio_websocket import ConnectionClosed, WebSocketConnection, open_websocket_url
+
+from api.client import RegistryClient
+from registry.keys import SigningKey
+from registry.store.pg import open_pg_store
+from registry.usecases.entries import entry_change
+from tests.db.proc import run_server
+from tests.helpers import entry_template
+
+DEADLINE = 20
+
+
+def ws_url(http_url: str) -> str:
+    return http_url.replace("http://", "ws://") + "/v1/events"
+
+
+async def receive(ws: WebSocketConnection) -> dict[str, Any]:
+    with trio.fail_after(DEADLINE):
+        return dict(json.loads(await ws.get_message()))
+
+
+async def next_event(ws: WebSocketConnection) -> dict[str, Any]:
+    while True:
+        message = await receive(ws)
+        if message["type"] == "event":
+            return message
+
+
+async def read_events_until_closed(ws: WebSocketConnection, into: list[int]) -> None:
+    while True:
+        message = json.loads(await ws.get_message())
+        if message["type"] == "event":
+            into.append(message["sequence"])
+
+
+async def test_an_entry_written_through_one_process_reaches_a_subscriber_of_another(
+    database_url: str, tmp_path: Path
+) -> None:
+    key = SigningKey.generate()
+    did = f"did:web:two.process.test:{secrets.token_hex(6)}"
+    with (
+        run_server(tmp_path / "a", database_url=database_url) as a,
+        run_server(tmp_path / "b", database_url=database_url) as b,
+    ):
+        async with open_websocket_url(ws_url(b.url)) as ws:
+            await ws.send_message(json.dumps({"type": "subscribe", "entryDids": [did]}))
+            assert (await receive(ws))["type"] == "subscribed"
+
+            def publish() -> dict[str, Any]:
+                with RegistryClient(a.url) as client:
+                    client.sign_in(key)
+                    return client.publish(entry_template(did), key)
+
+            published = await trio.to_thread.run_sync(publish)
+            event = await next_event(ws)
+            await ws.aclose()
+    assert event["kind"] == "entry.created"
+    assert event["entryDid"] == did
+    assert event["sequence"] == published["sequence"]
+    assert "Traceback" not in a.output() + b.output()
+
+
+async def test_a_slow_consumer_is_closed_with_its_resume_point_and_resumes_without_loss(
+    database_url: str, tmp_path: Path
+) -> None:
+    burst = 40
+    prefix = f"did:web:slow.test:{secrets.token_hex(4)}"
+    env = {"REGISTRY_EVENTS__QUEUE_SIZE": "4"}
+    with run_server(tmp_path, database_url=database_url, extra_env=env) as server:
+        received: list[int] = []
+        async with trio_asyncio.open_loop(), open_pg_store(database_url) as store:
+            start = await store.log_head()
+            async with open_websocket_url(ws_url(server.url)) as ws:
+                await ws.send_message(json.dumps({"type": "subscribe", "fromSequence": start}))
+                assert (await receive(ws))["type"] == "subscribed"
+                # One transaction of `burst` changes: the log actor reads them at once and the
+                # subscriber's queue of 4 overflows, however fast this client reads.
+                changes = [
+                    entry_change(
+                        "entry.created",
+                        did=f"{prefix}:{n}",
+                        expected_head=None,
+                        publisher="did:key:zSlow",
+                        entry_type="AgentDefinition",
+                        lifecycle="draft",
+                        prefix='{"entryDid":"' + f"{prefix}:{n}" + '","sequence":',
+                        suffix="}",
+                    )
+                    for n in range(burst)
+                ]
+                outcomes = await store.append([(c, None) for c in changes])
+                assert all(o.refusal is None for o in outcomes)
+                with trio.fail_after(DEADLINE), pytest.raises(ConnectionClosed) as closed:
+                    await read_events_until_closed(ws, received)
+                assert closed.value.reason.code == 4429
+                reason = json.loads(closed.value.reason.reason or "{}")
+                # trio-websocket leaks its stream when the server closes: close it ourselves.
+                await ws._stream.aclose()
+            assert reason["code"] == "slow_consumer"
+            resume = reason["lastSequence"]
+            assert received == list(range(start + 1, resume + 1))  # exactly up to the point
+            async with open_websocket_url(ws_url(server.url)) as ws:
+                await ws.send_message(json.dumps({"type": "subscribe", "fromSequence": resume}))
+                assert (await receive(ws))["type"] == "subscribed"
+                while len(received) < burst:
+                    received.append((await next_event(ws))["sequence"])
+                await ws.aclose()
+    assert received == list(range(start + 1, start + burst + 1))
+    assert "Traceback" not in server.output()
