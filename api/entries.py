@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from urllib.parse import quote
@@ -11,6 +12,7 @@ from quart_trio import QuartTrio
 
 from api.http import Ctx, deps, dumps, endpoint, json_response
 from api.idempotency import idem_key, respond
+from registry.caches import Served
 from registry.changes import Outcome
 from registry.errors import Invalid, NotFound
 from registry.usecases.common import parse_sequence
@@ -18,6 +20,10 @@ from registry.usecases.common import parse_sequence
 
 def _etag(sequence: int) -> str:
     return f'"s{sequence}"'
+
+
+def _attested_etag(served: Served, doc: str) -> str:
+    return f'"s{served.sequence}-{hashlib.sha256(doc.encode()).hexdigest()[:16]}"'
 
 
 def _entry_headers(ctx: Ctx, outcome: Outcome) -> None:
@@ -33,7 +39,7 @@ def _matches(if_none_match: str | None, etag: str) -> bool:
     return "*" in tags or etag in tags
 
 
-def _int_param(name: str) -> int | None:
+def int_param(name: str) -> int | None:
     raw = request.args.get(name)
     if raw is None:
         return None
@@ -73,13 +79,16 @@ def register(app: QuartTrio) -> None:
     @app.get("/v1/entries/<did>")
     @endpoint("read")
     async def get_entry(ctx: Ctx, did: str) -> Response:
-        served = await deps().entries.get(did)
-        etag = _etag(served.sequence)
+        entries = deps().entries
+        served = await entries.get(did)
+        doc = served.at(entries.clock_ms())
+        # Attestations change what is served without a new version: they are in the tag.
+        etag = _etag(served.sequence) if doc is served.doc else _attested_etag(served, doc)
         if _matches(request.headers.get("If-None-Match"), etag):
             response = Response(b"", status=304, headers={"ETag": etag})
             del response.headers["Content-Type"]
             return response
-        return json_response(served.doc, 200, ETag=etag)
+        return json_response(doc, 200, ETag=etag)
 
     @app.get("/v1/entries/<did>/lineage")
     @endpoint("read")
@@ -92,7 +101,7 @@ def register(app: QuartTrio) -> None:
     @endpoint("read")
     async def list_entry_versions(ctx: Ctx, did: str) -> Response:
         docs, cursor, has_more, total = await deps().entries.list_versions(
-            did, limit=_int_param("limit"), cursor=request.args.get("cursor")
+            did, limit=int_param("limit"), cursor=request.args.get("cursor")
         )
         head = '{"entryDid":' + dumps(did) + ',"versions":[' + ",".join(docs) + "]"
         tail = f',"hasMore":{"true" if has_more else "false"},"totalCount":{total}'

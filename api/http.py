@@ -33,6 +33,8 @@ from registry.usecases.common import Principal
 from registry.usecases.discovery import Discovery
 from registry.usecases.entries import Entries
 from registry.usecases.sessions import Sessions
+from registry.usecases.transfers import Transfers
+from registry.usecases.trust import Attestations, Bonds, Reports
 
 SESSION_COOKIE = "registry_session"
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
@@ -49,6 +51,10 @@ class Deps:
     limiter: RateLimiter
     config: Config
     caches: list[FollowedCache[Any, Any]]
+    attestations: Attestations
+    reports: Reports
+    bonds: Bonds
+    transfers: Transfers
 
     @property
     def registry_did(self) -> str:

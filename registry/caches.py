@@ -7,21 +7,36 @@ besides the local write that drops what it changed before it is answered (read y
 
 from __future__ import annotations
 
+import json
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from registry.canonical import canonicalize
 from registry.matching import Facts, facts_of, match_texts_in, may_match
 from registry.query import RegistryQuery
 
 
 @dataclass(frozen=True)
 class Served:
-    """A served entry version: its sequence and exact JSON text."""
+    """A served entry version: its sequence and exact JSON text, and the entry's unrevoked
+    attestations (expiry in ms or None, record JSON), shown while unexpired."""
 
     sequence: int
     doc: str
+    attestations: tuple[tuple[int | None, str], ...] = ()
+
+    def at(self, now_ms: int) -> str:
+        """The entry as served at `now_ms`: with `verifiableAttestations` listing the
+        attestations unexpired then (the stored version holds none: the field is
+        registry-managed and never signed)."""
+        shown = [doc for expires, doc in self.attestations if expires is None or expires > now_ms]
+        if not shown:
+            return self.doc
+        entry = json.loads(self.doc)
+        entry["verifiableAttestations"] = [json.loads(doc) for doc in shown]
+        return canonicalize(entry).decode("utf-8")
 
 
 K = TypeVar("K")

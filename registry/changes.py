@@ -28,6 +28,7 @@ from registry.errors import (
     RegistryError,
     TooLarge,
     Unauthorized,
+    Unavailable,
     UnsupportedMediaType,
 )
 
@@ -45,6 +46,11 @@ RECORDED_REFUSALS: dict[str, type[RegistryError]] = {
         UnsupportedMediaType,
     )
 }
+
+# A handler's answer when the state a decision was made on moved before the change could be
+# applied (a record's version): nothing is written or recorded, and the use-case decides again.
+RETRY = "Retry"
+MAX_DECISIONS = 8
 
 # Kinds that take a log position but are never published to event subscribers.
 INTERNAL_KINDS = frozenset({"session.revoked"})
@@ -92,15 +98,26 @@ class Refusal:
 
 
 @dataclass(frozen=True)
+class Also:
+    """A further log record a change appends right after its own, in the same transaction
+    (its own position, its own kind): e.g. transfer.accepted after entry.transferred."""
+
+    kind: str
+    subject: str | None
+    event: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Change:
     """One change to append: its log `kind`, the `subject` it is about (an entry DID, or None),
-    the `rows` its kind's handler writes (JSON-safe, documented per kind), and the `event`
-    payload its log record carries to subscribers."""
+    the `rows` its kind's handler writes (JSON-safe, documented per kind), the `event`
+    payload its log record carries to subscribers, and any records it `also` appends."""
 
     kind: str
     subject: str | None
     rows: Mapping[str, Any]
     event: Mapping[str, Any] = field(default_factory=dict)
+    also: tuple[Also, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -191,13 +208,22 @@ class ChangeLog:
     async def submit(
         self, idem: IdemKey | None, decide: Callable[[], Awaitable[Change]]
     ) -> Outcome:
-        try:
-            change = await decide()
-        except RegistryError as exc:
-            if idem is None or type(exc).__name__ not in RECORDED_REFUSALS:
-                raise
-            return await self._recorder.record_refusal(idem, Refusal.of(exc))
-        return await self._append(change, idem)
+        """Decide and append; when the handler answers `Retry` (what the decision read has
+        moved), decide again on the new state, up to `MAX_DECISIONS` times."""
+        for _ in range(MAX_DECISIONS):
+            try:
+                change = await decide()
+            except RegistryError as exc:
+                if idem is None or type(exc).__name__ not in RECORDED_REFUSALS:
+                    raise
+                return await self._recorder.record_refusal(idem, Refusal.of(exc))
+            outcome = await self._append(change, idem)
+            if outcome.refusal is None or outcome.refusal.kind != RETRY:
+                return outcome
+        raise Unavailable(
+            "the record kept changing while this request was decided; retry it",
+            code="write_contended",
+        )
 
     async def submit_all(self, changes: Sequence[tuple[Change, IdemKey | None]]) -> list[Outcome]:
         return [await self._append(change, idem) for change, idem in changes]

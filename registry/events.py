@@ -22,11 +22,14 @@ PUBLIC_KINDS = frozenset(
         "attestation.created",
         "attestation.revoked",
         "report.created",
+        "report.resolved",
         "bond.provisioned",
         "bond.slashed",
+        "bond.released",
         "transfer.offered",
         "transfer.accepted",
         "transfer.declined",
+        "transfer.cancelled",
         "anchor.updated",
     }
 )

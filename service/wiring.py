@@ -28,6 +28,8 @@ from registry.store import Store
 from registry.usecases.discovery import Discovery
 from registry.usecases.entries import Entries
 from registry.usecases.sessions import Sessions
+from registry.usecases.transfers import Transfers
+from registry.usecases.trust import Attestations, Bonds, Reports
 from ws.events import EventDeps, register_events
 
 
@@ -102,6 +104,13 @@ async def open_service(
         discovery = Discovery(
             store=store, config=config, cursors=CursorCodec(key.seed), results=caches.results
         )
+        bonds = Bonds(
+            store=store,
+            changes=changes,
+            entries=entries,
+            config=config,
+            registry_did=key.did,
+        )
         deps = Deps(
             entries=entries,
             sessions=sessions,
@@ -110,6 +119,12 @@ async def open_service(
             limiter=limiter,
             config=config,
             caches=caches.all(),
+            attestations=Attestations(store=store, changes=changes, entries=entries, config=config),
+            reports=Reports(
+                store=store, changes=changes, entries=entries, bonds=bonds, config=config
+            ),
+            bonds=bonds,
+            transfers=Transfers(store=store, changes=changes, entries=entries, config=config),
         )
         app = create_app(deps)
         register_events(

@@ -15,7 +15,16 @@ from registry.changes import Change, IdemKey, LogRecord, Outcome, Refusal
 if TYPE_CHECKING:
     from registry.query import RegistryQuery
 
-__all__ = ["Change", "EntryHead", "IdemKey", "LogRecord", "Outcome", "SessionRecord", "Store"]
+__all__ = [
+    "Change",
+    "EntryHead",
+    "IdemKey",
+    "LogRecord",
+    "Outcome",
+    "RecordRow",
+    "SessionRecord",
+    "Store",
+]
 
 
 @dataclass(frozen=True)
@@ -24,6 +33,24 @@ class EntryHead:
     head_seq: int
     publisher_did: str
     lifecycle: str
+    doc: str
+    # The entry's unrevoked attestations: (expiry in ms or None, attestation record JSON).
+    attestations: tuple[tuple[int | None, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class RecordRow:
+    """A trust or ownership record (attestation, report, bond, offer): a versioned document."""
+
+    kind: str
+    id: str
+    entry_did: str
+    owner_did: str | None
+    status: str
+    version: int
+    expires_ms: int | None
+    created_seq: int
+    updated_seq: int
     doc: str
 
 
@@ -62,6 +89,21 @@ class Store(Protocol):
         self, entry_did: str, before_seq: int | None, limit: int
     ) -> tuple[list[str], int]: ...
     async def get_version(self, entry_did: str, seq: int) -> str | None: ...
+
+    # Trust and ownership records (written by the append path's `apply_records`).
+    async def get_record(self, kind: str, record_id: str) -> RecordRow | None: ...
+    async def list_records(
+        self,
+        kind: str,
+        *,
+        entry_did: str | None = None,
+        status: str | None = None,
+        after_seq: int | None = None,
+        limit: int = 100,
+    ) -> list[RecordRow]:
+        """Records of `kind` (of one entry, in one status), ascending by creation position,
+        after the record created at `after_seq`."""
+        ...
 
     async def discover(
         self, query: RegistryQuery, *, limit: int, after: list[Any] | None

@@ -31,9 +31,17 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
 
-from registry.changes import IDEMPOTENCY_CONFLICT, Change, IdemKey, LogRecord, Outcome, Refusal
+from registry.changes import (
+    IDEMPOTENCY_CONFLICT,
+    RETRY,
+    Change,
+    IdemKey,
+    LogRecord,
+    Outcome,
+    Refusal,
+)
 from registry.errors import Unavailable
-from registry.store import EntryHead, SessionRecord, Store
+from registry.store import EntryHead, RecordRow, SessionRecord, Store
 
 if TYPE_CHECKING:
     from registry.query import RegistryQuery
@@ -43,7 +51,7 @@ __all__ = ["HANDLERS", "MemoryStore", "MemoryWakeups"]
 K = TypeVar("K")
 V = TypeVar("V")
 
-MODELLED_SCHEMA = 8  # the migration whose semantics this fake follows
+MODELLED_SCHEMA = 9  # the migration whose semantics this fake follows
 IDEMPOTENCY_TTL_MS = 24 * 3600 * 1000  # an idempotency record answers for 24 hours
 SESSION_GRACE_MS = 24 * 3600 * 1000  # expired sessions are purged a day later
 CHALLENGE_GRACE_MS = 3600 * 1000  # put_challenge collects challenges expired an hour ago
@@ -91,6 +99,12 @@ class _IdemRecord:
 
 
 @dataclass(frozen=True)
+class _Record:
+    row: RecordRow
+    uniq: str | None
+
+
+@dataclass(frozen=True)
 class _Session:
     record: SessionRecord
     revoked_ms: int | None = None
@@ -111,6 +125,7 @@ class _Tables:
         self.idempotency: dict[_IdemId, _IdemRecord] = {}
         self.challenges: dict[str, _Challenge] = {}
         self.sessions: dict[bytes, _Session] = {}
+        self.records: dict[tuple[str, str], _Record] = {}  # (kind, id) → record
 
 
 class _Tx:
@@ -225,13 +240,87 @@ def _apply_session_revoked(
     return '{"loggedOut":true}', None
 
 
+def _apply_records(
+    tx: _Tx, seq: int, subject: str | None, rows: Mapping[str, Any]
+) -> tuple[str | None, Refusal | None]:
+    """`apply_records` (migration 0009): write versioned records (compare-and-set on their
+    version, `uniq` claims), after an optional entry version; every check comes first."""
+    records = tx.tables.records
+    required = rows.get("requireEntry")
+    if required is not None:
+        entry = tx.tables.entries.get(required)
+        if entry is None or entry.lifecycle == "deleted":
+            return None, Refusal(
+                "NotFound", "entry_not_found", "entry not found", {"entryDid": required}
+            )
+    puts: list[Mapping[str, Any]] = list(rows.get("puts") or [])
+    ids = {(p["kind"], p["id"]) for p in puts}
+    for p in puts:
+        found = records.get((p["kind"], p["id"]))
+        expected = p.get("expectedVersion")
+        if expected is None:
+            if found is not None:
+                return None, Refusal.from_json(p["exists"])
+        elif found is None or found.row.version != int(expected):
+            return None, Refusal(
+                RETRY,
+                "record_changed",
+                "the record changed meanwhile",
+                {"kind": p["kind"], "id": p["id"]},
+            )
+        uniq = p.get("uniq")
+        if uniq is not None and any(
+            r.uniq == uniq and key[0] == p["kind"] and key not in ids for key, r in records.items()
+        ):
+            return None, Refusal.from_json(p["duplicate"])
+    result: str | None = rows.get("result")
+    if "entry" in rows:
+        doc, refusal = _apply_entry_version(tx, seq, subject, rows["entry"])
+        if refusal is not None:
+            return None, refusal
+        result = result if result is not None else doc
+    for p in puts:
+        key = (p["kind"], p["id"])
+        found = records.get(key)
+        expires = p.get("expiresAtMs")
+        row = RecordRow(
+            kind=p["kind"],
+            id=p["id"],
+            entry_did=_text(p, "entryDid") if found is None else found.row.entry_did,
+            owner_did=p.get("ownerDid") if found is None else found.row.owner_did,
+            status=_text(p, "status"),
+            version=1 if found is None else found.row.version + 1,
+            expires_ms=None if expires is None else int(expires),
+            created_seq=seq if found is None else found.row.created_seq,
+            updated_seq=seq,
+            doc=_text(p, "doc"),
+        )
+        tx.put(records, key, _Record(row, p.get("uniq")))
+    return result, None
+
+
 # The handler of each kind of change (the same kinds as `registry.store.pg.HANDLERS`).
 HANDLERS: dict[str, Handler] = {
     "entry.created": _apply_entry_version,
     "entry.updated": _apply_entry_version,
     "entry.deleted": _apply_entry_version,
-    "entry.transferred": _apply_entry_version,
     "session.revoked": _apply_session_revoked,
+    **{
+        kind: _apply_records
+        for kind in (
+            "attestation.created",
+            "attestation.revoked",
+            "report.created",
+            "report.resolved",
+            "bond.provisioned",
+            "bond.slashed",
+            "bond.released",
+            "transfer.offered",
+            "transfer.declined",
+            "transfer.cancelled",
+            "entry.transferred",
+        )
+    },
 }
 
 
@@ -364,7 +453,17 @@ class MemoryStore:
         taken = seq if refusal is None else None
         if taken is not None:
             tx.add_log(LogRecord(seq, change.kind, change.subject, tx.now_ms, event))
-        if key is not None:
+            for also in change.also:
+                tx.add_log(
+                    LogRecord(
+                        len(self._tables.log) + 1,
+                        also.kind,
+                        also.subject,
+                        tx.now_ms,
+                        _json_copy(also.event),
+                    )
+                )
+        if key is not None and (refusal is None or refusal.kind != RETRY):
             assert idem is not None
             record = _IdemRecord(idem.fingerprint, taken, result, refusal, tx.now_ms)
             tx.put(self._tables.idempotency, key, record)
@@ -393,7 +492,54 @@ class MemoryStore:
         if entry is None:
             return None
         doc = self._tables.versions[entry.head_seq].doc
-        return EntryHead(entry_did, entry.head_seq, entry.publisher_did, entry.lifecycle, doc)
+        attested = sorted(
+            (
+                r.row
+                for r in self._tables.records.values()
+                if r.row.kind == "attestation"
+                and r.row.entry_did == entry_did
+                and r.row.status == "active"
+            ),
+            key=lambda row: row.created_seq,
+        )
+        return EntryHead(
+            entry_did,
+            entry.head_seq,
+            entry.publisher_did,
+            entry.lifecycle,
+            doc,
+            tuple((row.expires_ms, row.doc) for row in attested),
+        )
+
+    # --- trust and ownership records ------------------------------------------------------
+
+    async def get_record(self, kind: str, record_id: str) -> RecordRow | None:
+        await self._call(write=False)
+        found = self._tables.records.get((kind, record_id))
+        return None if found is None else found.row
+
+    async def list_records(
+        self,
+        kind: str,
+        *,
+        entry_did: str | None = None,
+        status: str | None = None,
+        after_seq: int | None = None,
+        limit: int = 100,
+    ) -> list[RecordRow]:
+        await self._call(write=False)
+        rows = sorted(
+            (
+                r.row
+                for r in self._tables.records.values()
+                if r.row.kind == kind
+                and (entry_did is None or r.row.entry_did == entry_did)
+                and (status is None or r.row.status == status)
+                and (after_seq is None or r.row.created_seq > after_seq)
+            ),
+            key=lambda row: row.created_seq,
+        )
+        return rows[:limit]
 
     def _live_versions(self, entry_did: str) -> list[_Version]:
         """The entry's versions but its tombstone, newest first."""

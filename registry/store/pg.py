@@ -25,7 +25,7 @@ import trio_asyncio
 from registry.changes import IDEMPOTENCY_CONFLICT, Change, IdemKey, LogRecord, Outcome, Refusal
 from registry.errors import Invalid, Unavailable
 from registry.query import RegistryQuery
-from registry.store import EntryHead, SessionRecord
+from registry.store import EntryHead, RecordRow, SessionRecord
 from registry.store.discover import Plan, compile_discover
 from registry.store.pool import LeanPool
 
@@ -106,8 +106,24 @@ HANDLERS: dict[str, str] = {
     "entry.created": "apply_entry_version",
     "entry.updated": "apply_entry_version",
     "entry.deleted": "apply_entry_version",
-    "entry.transferred": "apply_entry_version",
     "session.revoked": "apply_session_revoked",
+    # Trust and ownership records (migration 0009): versioned documents, compare-and-set.
+    **{
+        kind: "apply_records"
+        for kind in (
+            "attestation.created",
+            "attestation.revoked",
+            "report.created",
+            "report.resolved",
+            "bond.provisioned",
+            "bond.slashed",
+            "bond.released",
+            "transfer.offered",
+            "transfer.declined",
+            "transfer.cancelled",
+            "entry.transferred",
+        )
+    },
 }
 
 
@@ -119,6 +135,10 @@ def _change_json(change: Change, idem: IdemKey | None) -> dict[str, Any]:
         "rows": change.rows,
         "event": change.event,
     }
+    if change.also:
+        item["also"] = [
+            {"kind": a.kind, "subject": a.subject, "event": a.event} for a in change.also
+        ]
     if idem is not None:
         item["idem"] = {
             "scope": idem.scope,
@@ -145,6 +165,27 @@ def _outcome(row: Any) -> Outcome:
         row["result"],
         None if refusal is None else Refusal.from_json(json.loads(refusal)),
         row["replayed"],
+    )
+
+
+_RECORD_COLUMNS = (
+    "kind, id, entry_did, owner_did, status, version,"
+    " (extract(epoch FROM expires_at) * 1000)::bigint AS expires_ms, created_seq, updated_seq, doc"
+)
+
+
+def _record(row: Any) -> RecordRow:
+    return RecordRow(
+        row["kind"],
+        row["id"],
+        row["entry_did"],
+        row["owner_did"],
+        row["status"],
+        row["version"],
+        row["expires_ms"],
+        row["created_seq"],
+        row["updated_seq"],
+        row["doc"],
     )
 
 
@@ -211,15 +252,58 @@ class PgStore:
     @_seam
     async def get_entry_head(self, entry_did: str) -> EntryHead | None:
         row = await self._pool.fetchrow(
-            "SELECT e.head_seq, e.publisher_did, e.lifecycle, v.doc FROM entries AS e"
+            "SELECT e.head_seq, e.publisher_did, e.lifecycle, v.doc,"
+            " ARRAY(SELECT (extract(epoch FROM r.expires_at) * 1000)::bigint FROM records r"
+            "       WHERE r.kind = 'attestation' AND r.entry_did = $1 AND r.status = 'active'"
+            "       ORDER BY r.created_seq) AS expiries,"
+            " ARRAY(SELECT r.doc FROM records r"
+            "       WHERE r.kind = 'attestation' AND r.entry_did = $1 AND r.status = 'active'"
+            "       ORDER BY r.created_seq) AS attestations"
+            " FROM entries AS e"
             " JOIN entry_versions AS v ON v.seq = e.head_seq WHERE e.entry_did = $1",
             entry_did,
         )
         if row is None:
             return None
         return EntryHead(
-            entry_did, row["head_seq"], row["publisher_did"], row["lifecycle"], row["doc"]
+            entry_did,
+            row["head_seq"],
+            row["publisher_did"],
+            row["lifecycle"],
+            row["doc"],
+            tuple(zip(row["expiries"], row["attestations"], strict=True)),
         )
+
+    # --- trust and ownership records ------------------------------------------------------
+
+    @_seam
+    async def get_record(self, kind: str, record_id: str) -> RecordRow | None:
+        row = await self._pool.fetchrow(
+            f"SELECT {_RECORD_COLUMNS} FROM records WHERE kind = $1 AND id = $2", kind, record_id
+        )
+        return None if row is None else _record(row)
+
+    @_seam
+    async def list_records(
+        self,
+        kind: str,
+        *,
+        entry_did: str | None = None,
+        status: str | None = None,
+        after_seq: int | None = None,
+        limit: int = 100,
+    ) -> list[RecordRow]:
+        rows = await self._pool.fetch(
+            f"SELECT {_RECORD_COLUMNS} FROM records WHERE kind = $1"
+            " AND ($2::text IS NULL OR entry_did = $2) AND ($3::text IS NULL OR status = $3)"
+            " AND ($4::bigint IS NULL OR created_seq > $4) ORDER BY created_seq LIMIT $5",
+            kind,
+            entry_did,
+            status,
+            after_seq,
+            limit,
+        )
+        return [_record(r) for r in rows]
 
     @_seam
     async def change_versions(

@@ -91,10 +91,10 @@ class Entries:
                     details={"field": "lifecycleStatus"},
                 )
             dids.append(entry.did)
-            return self._version("entry.created", entry, expected_head=None)
+            return self.version_change("entry.created", entry, expected_head=None)
 
         outcome = await self.changes.submit(idem, decide)
-        return await self._written(outcome, dids[0] if dids else "", previous=None)
+        return await self.written(outcome, dids[0] if dids else "", previous=None)
 
     async def update(
         self, principal: Principal, did: str, data: Any, idem: IdemKey | None
@@ -130,10 +130,10 @@ class Entries:
                 )
             entry_rules.check_move(head.lifecycle, entry.lifecycle)
             previous.append(head.doc)
-            return self._version("entry.updated", entry, expected_head=head.head_seq)
+            return self.version_change("entry.updated", entry, expected_head=head.head_seq)
 
         outcome = await self.changes.submit(idem, decide)
-        return await self._written(outcome, did, previous=previous[0] if previous else None)
+        return await self.written(outcome, did, previous=previous[0] if previous else None)
 
     async def delete(self, principal: Principal, did: str, idem: IdemKey | None) -> Outcome:
         """Write a tombstone version; afterwards the DID reads as 404 and is never reused."""
@@ -168,9 +168,9 @@ class Entries:
             )
 
         outcome = await self.changes.submit(idem, decide)
-        return await self._written(outcome, did, previous=previous[0] if previous else None)
+        return await self.written(outcome, did, previous=previous[0] if previous else None)
 
-    def _version(
+    def version_change(
         self, kind: str, entry: entry_rules.CheckedEntry, *, expected_head: int | None
     ) -> Change:
         at = rfc3339(self.clock_ms())
@@ -189,7 +189,7 @@ class Entries:
             event={"name": entry.model.name, "version": entry.model.version},
         )
 
-    async def _written(self, outcome: Outcome, did: str, *, previous: str | None) -> Outcome:
+    async def written(self, outcome: Outcome, did: str, *, previous: str | None) -> Outcome:
         """The outcome of an entry write, once this process's caches have let go of what it
         changed, so the writer reads its own write (the cache keeper does the same for every
         process when the log record reaches it)."""
@@ -222,7 +222,7 @@ class Entries:
             return cached
         epoch = self.cache.epoch
         head = await self.live_head(did)
-        served = Served(head.head_seq, head.doc)
+        served = Served(head.head_seq, head.doc, head.attestations)
         self.cache.put(did, served, epoch)
         return served
 
