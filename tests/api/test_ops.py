@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import trio
@@ -164,3 +165,20 @@ async def test_a_backlog_of_changes_clears_the_discovery_cache_without_reading_t
     await _drop_moved_pages(store, results, many)  # type: ignore[arg-type]
     assert len(store.read) == len(few)  # nothing more was read
     assert results.get("q") is None
+
+
+async def test_every_http_route_is_in_the_openapi_document(harness: Harness) -> None:
+    """The document lists every route the app serves, with its method (the WebSocket and
+    this check's own helpers aside), so a new operation cannot be left out of it."""
+    doc = await (await anon_client(harness).get("/v1/openapi.json")).get_json()
+    listed = {(path, method) for path, item in doc["paths"].items() for method in item}
+    served = set()
+    for rule in harness.service.app.url_map.iter_rules():
+        if rule.websocket or rule.endpoint == "static":
+            continue
+        path = re.sub(r"<(?:[a-z]+:)?([a-z_]+)>", r"{\1}", rule.rule)
+        for method in rule.methods or ():
+            if method not in ("HEAD", "OPTIONS"):
+                served.add((path, method.lower()))
+    assert ("/v1/transfers/offers/{offer_id}/accept", "post") in served  # the check sees routes
+    assert served - listed == set()
