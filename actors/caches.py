@@ -126,7 +126,9 @@ async def _changed(records: list[LogRecord], store: Store, caches: Caches) -> No
         elif record.kind.startswith("entry.") and record.entry_did is not None:
             caches.entries.invalidate(record.entry_did)
             changes.append((record.seq, record.entry_did))
-        elif record.kind.startswith("attestation.") and record.entry_did is not None:
+        elif record.entry_did is not None and (
+            record.kind.startswith("attestation.") or record.kind == "anchor.updated"
+        ):
             caches.entries.invalidate(record.entry_did)  # what the entry serves changed
     if changes:
         await _drop_moved_pages(store, caches.results, changes)

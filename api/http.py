@@ -29,6 +29,7 @@ from registry.config import Config
 from registry.errors import Invalid, RateLimited, TooLarge, Unauthorized, UnsupportedMediaType
 from registry.ratelimit import Decision
 from registry.store import Store
+from registry.usecases.anchors import Anchors
 from registry.usecases.common import Principal
 from registry.usecases.discovery import Discovery
 from registry.usecases.entries import Entries
@@ -55,6 +56,7 @@ class Deps:
     reports: Reports
     bonds: Bonds
     transfers: Transfers
+    anchors: Anchors
 
     @property
     def registry_did(self) -> str:

@@ -292,6 +292,77 @@ _TRUST_SCHEMAS: dict[str, Any] = {
         "properties": {"reason": {"type": "string", "maxLength": 2000}},
     },
     "AttestationPage": _page_of("attestations", "Attestation", entryDid=_STR),
+    "MerkleProof": _obj(
+        ["root", "path", "leafHash"],
+        root={"type": "string", "pattern": "^[0-9a-f]{64}$"},
+        leafHash={"type": "string", "pattern": "^[0-9a-f]{64}$"},
+        path={
+            "type": "array",
+            "items": _obj(
+                ["hash", "direction"],
+                hash={"type": "string", "pattern": "^[0-9a-f]{64}$"},
+                direction={"enum": ["left", "right"]},
+            ),
+        },
+    ),
+    "AnchorRecord": _obj(
+        ["entryDid", "itemDataHash", "blockHeight", "txHash", "anchorTime"],
+        entryDid=_STR,
+        itemDataHash=_STR,
+        blockHeight={"type": "integer", "minimum": 0},
+        txHash=_STR,
+        anchorTime=_TIME,
+        proof={"oneOf": [{"$ref": "#/components/schemas/MerkleProof"}, {"type": "null"}]},
+    ),
+    "AnchorIntent": _obj(
+        [
+            "intentId",
+            "entryDid",
+            "sequence",
+            "operation",
+            "state",
+            "attempts",
+            "availableAt",
+            "createdAt",
+            "updatedAt",
+            "receipts",
+        ],
+        intentId=_STR,
+        entryDid=_STR,
+        sequence={"type": "integer"},
+        operation={"enum": ["create", "update", "transfer", "delete"]},
+        state={"enum": ["pending", "submitted", "confirmed", "failed", "abandoned"]},
+        attempts={"type": "integer"},
+        availableAt=_TIME,
+        createdAt=_TIME,
+        updatedAt=_TIME,
+        transactionId=_STR,
+        receipts={
+            "type": "array",
+            "items": _obj(
+                ["blockHeight", "observedAt", "proof", "receiptKey", "state", "transactionId"],
+                blockHeight={"type": ["integer", "null"]},
+                observedAt=_TIME,
+                proof={"oneOf": [{"$ref": "#/components/schemas/MerkleProof"}, {"type": "null"}]},
+                receiptKey=_STR,
+                state={"enum": ["submitted", "confirmed", "dropped"]},
+                transactionId={"type": ["string", "null"]},
+                anchorTime=_TIME,
+            ),
+        },
+        anchor={"$ref": "#/components/schemas/AnchorRecord"},
+    ),
+    "AnchorList": _obj(
+        ["anchorState", "entryDid", "hasMore", "records"],
+        anchorState={"enum": ["unanchored", "pending", "anchored", "failed", "abandoned"]},
+        entryDid=_STR,
+        hasMore={"type": "boolean"},
+        cursor={"type": "string", "minLength": 1, "maxLength": 2048, "pattern": "^[A-Za-z0-9_-]+$"},
+        records={"type": "array", "items": {"$ref": "#/components/schemas/AnchorIntent"}},
+    ),
+    "AnchorControl": _obj(
+        ["intentId", "state"], intentId=_STR, state={"enum": ["pending", "abandoned"]}
+    ),
     "ReportPage": _page_of("reports", "Report"),
 }
 
@@ -467,6 +538,57 @@ def _trust_paths() -> dict[str, Any]:
                 ("200", "Bond"),
                 {"403": "not admin", "404": "bond not found", "409": "bond not active"},
                 params=[path("bond_id")],
+            )
+        },
+        "/v1/anchors/{did}": {
+            "get": _op(
+                "get_anchors",
+                "The entry's anchor intents and receipts, ascending (sequence, createdAt, id)",
+                {
+                    "200": _ok("AnchorList"),
+                    "400": _error("bad limit or cursor"),
+                    "404": _error("entry not found"),
+                },
+                parameters=[
+                    DID_PATH,
+                    page[0],
+                    {
+                        "name": "cursor",
+                        "in": "query",
+                        "schema": {
+                            "type": "string",
+                            "minLength": 1,
+                            "maxLength": 2048,
+                            "pattern": "^[A-Za-z0-9_-]+$",
+                        },
+                    },
+                ],
+            )
+        },
+        "/v1/admin/anchors/{intent_id}/retry": {
+            "post": write(
+                "retry_anchor",
+                "Requeue a failed or abandoned intent (admin)",
+                ("200", "AnchorControl"),
+                {
+                    "403": "not admin",
+                    "404": "intent not found",
+                    "409": "intent state does not permit; idempotency",
+                },
+                params=[path("intent_id")],
+            )
+        },
+        "/v1/admin/anchors/{intent_id}/abandon": {
+            "post": write(
+                "abandon_anchor",
+                "Abandon a pending, submitted or failed intent (admin)",
+                ("200", "AnchorControl"),
+                {
+                    "403": "not admin",
+                    "404": "intent not found",
+                    "409": "intent state does not permit; idempotency",
+                },
+                params=[path("intent_id")],
             )
         },
         "/v1/transfers/offers": {

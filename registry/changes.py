@@ -53,7 +53,7 @@ RETRY = "Retry"
 MAX_DECISIONS = 8
 
 # Kinds that take a log position but are never published to event subscribers.
-INTERNAL_KINDS = frozenset({"session.revoked"})
+INTERNAL_KINDS = frozenset({"session.revoked", "anchor.claimed", "anchor.settled"})
 
 
 @dataclass(frozen=True)

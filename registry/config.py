@@ -98,17 +98,35 @@ class AuthConfig(_Section):
         return value
 
 
+DEFAULT_PAGE_SIZE = 20
+
+
 class LimitsConfig(_Section):
     read_per_minute: Annotated[int, Field(ge=1)] = 1200
     write_per_minute: Annotated[int, Field(ge=1)] = 120
     query_per_minute: Annotated[int, Field(ge=1)] = 300
     max_page_size: Annotated[int, Field(ge=1, le=1000)] = 100
-    default_page_size: Annotated[int, Field(ge=1, le=1000)] = 20
+    default_page_size: Annotated[int, Field(ge=1, le=1000)] = DEFAULT_PAGE_SIZE
     entry_body_bytes: Annotated[int, Field(ge=1024)] = 1024 * 1024
     query_body_bytes: Annotated[int, Field(ge=1024)] = 64 * 1024
     federation_body_bytes: Annotated[int, Field(ge=1024)] = 4 * 1024 * 1024
     small_body_bytes: Annotated[int, Field(ge=1024)] = 64 * 1024
     discover_cache_entries: Annotated[int, Field(ge=0, le=100_000)] = 2000  # 0: no result cache
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_page_within_max(cls, data: Any) -> Any:
+        """A `max_page_size` below the default page size lowers the default to it; only a
+        `default_page_size` set explicitly above the maximum is an error (`_pages`)."""
+        if not isinstance(data, dict) or "default_page_size" in data:
+            return data
+        try:
+            maximum = int(data.get("max_page_size", DEFAULT_PAGE_SIZE))
+        except (TypeError, ValueError):
+            return data  # the field's own validation reports it
+        if 1 <= maximum < DEFAULT_PAGE_SIZE:
+            return {**data, "default_page_size": maximum}
+        return data
 
     @model_validator(mode="after")
     def _pages(self) -> LimitsConfig:
@@ -120,7 +138,7 @@ class LimitsConfig(_Section):
 class AnchoringConfig(_Section):
     enabled: bool = True
     batch_size: Annotated[int, Field(ge=1, le=100_000)] = 256
-    block_interval_seconds: Annotated[float, Field(gt=0)] = 2.0
+    block_interval_seconds: Annotated[float, Field(ge=0)] = 2.0  # 0: a block per chain call
     finality_depth: Annotated[int, Field(ge=0)] = 3
     max_attempts: Annotated[int, Field(ge=1)] = 5
 

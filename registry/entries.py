@@ -151,6 +151,7 @@ def stored_form(
     updated_at: str,
     signature_created: str,
     members: dict[str, str] | None = None,
+    anchor_state: str = "unanchored",
 ) -> StoredForm:
     """JCS of `doc` + registry-managed fields, with a hole where `sequence` goes.
 
@@ -162,7 +163,7 @@ def stored_form(
     if "created" not in doc["signature"]:
         signature = {**doc["signature"], "created": signature_created}
         pieces["signature"] = canonical.canonicalize(signature).decode("utf-8")
-    pieces["anchorState"] = '"unanchored"'
+    pieces["anchorState"] = canonical.canonicalize(anchor_state).decode("utf-8")
     pieces["updatedAt"] = canonical.canonicalize(updated_at).decode("utf-8")
     prefix, suffix = canonical.split_members(pieces, "sequence")
     return StoredForm(prefix=prefix, suffix=suffix)

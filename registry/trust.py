@@ -28,7 +28,7 @@ _EXACT = Context(prec=80)  # far beyond 30 + 18 digits: every operation here is 
 
 def parse_amount(text: Any, field: str, *, positive: bool = True) -> Decimal:
     """A decimal amount from its string form (400 naming `field` when it is not one)."""
-    if not isinstance(text, str) or not AMOUNT.match(text):
+    if not isinstance(text, str) or not AMOUNT.fullmatch(text):
         raise Invalid(
             f"{field} must be a decimal string like '12.50' (at most 30 integer and 18"
             " fractional digits)",
@@ -53,7 +53,9 @@ class Shares:
 
     def __post_init__(self) -> None:
         parts = (self.harmed, self.reporter, self.treasury)
-        if any(p < 0 for p in parts) or sum(parts) != 1:
+        with localcontext(_exact_for(*parts)):
+            total = sum(parts, Decimal(0))
+        if any(p < 0 for p in parts) or total != 1:
             raise ValueError("slash shares must be non-negative and add up to 1")
 
 
@@ -75,11 +77,21 @@ def split_slash(amount: Decimal, shares: Shares) -> Split:
     """The shares of a slashed `amount` at its own decimal scale (33.10 at 50/30/20 →
     16.55 / 9.93 / 6.62): the first two floored, the treasury takes the rest."""
     unit = Decimal(1).scaleb(amount.as_tuple().exponent)  # type: ignore[arg-type]
-    with localcontext(_EXACT):
+    with localcontext(_exact_for(amount, shares.harmed, shares.reporter)):
         harmed = (amount * shares.harmed).quantize(unit, rounding=ROUND_FLOOR)
         reporter = (amount * shares.reporter).quantize(unit, rounding=ROUND_FLOOR)
         treasury = amount - harmed - reporter
     return Split(harmed, reporter, treasury)
+
+
+def _exact_for(*values: Decimal) -> Context:
+    """A context whose precision holds any product or sum of `values` exactly (their digits
+    and exponent spans added up), so nothing is rounded before the floor."""
+    digits = 0
+    for v in values:
+        t = v.as_tuple()
+        digits += len(t.digits) + abs(int(t.exponent))  # type: ignore[arg-type]
+    return Context(prec=max(_EXACT.prec, 2 * digits + 10))
 
 
 def format_amount(value: Decimal) -> str:

@@ -10,7 +10,9 @@ from functools import partial
 import trio
 from quart_trio import QuartTrio
 
+from actors.anchoring import AnchoringHandle, run_anchoring
 from actors.caches import Caches, run_cache_keeper
+from actors.chain import LocalChainClient, run_local_chain
 from actors.janitor import run_janitor
 from actors.log import LogHandle, run_log
 from actors.ratelimiter import RateLimiter, run_rate_limiter
@@ -18,6 +20,7 @@ from actors.supervisor import supervise
 from actors.writer import Writer, run_writer
 from api.app import create_app
 from api.http import Deps
+from registry.chain import LocalChain
 from registry.changes import ChangeLog
 from registry.config import Config
 from registry.discovery import CursorCodec
@@ -25,6 +28,8 @@ from registry.identity import IdentityResolver
 from registry.keys import SigningKey
 from registry.ratelimit import Rate
 from registry.store import Store
+from registry.usecases.anchors import Anchors
+from registry.usecases.common import now_ms
 from registry.usecases.discovery import Discovery
 from registry.usecases.entries import Entries
 from registry.usecases.sessions import Sessions
@@ -45,6 +50,7 @@ class Service:
     logs: LogHandle
     caches: Caches
     limiter: RateLimiter
+    anchoring: AnchoringHandle
 
 
 @asynccontextmanager
@@ -104,6 +110,10 @@ async def open_service(
         discovery = Discovery(
             store=store, config=config, cursors=CursorCodec(key.seed), results=caches.results
         )
+        anchoring = AnchoringHandle()
+        if config.anchoring.enabled:
+            await _start_anchoring(nursery, config, store, writer, anchoring)
+        entries.on_version = anchoring.nudge
         bonds = Bonds(
             store=store,
             changes=changes,
@@ -125,6 +135,14 @@ async def open_service(
             ),
             bonds=bonds,
             transfers=Transfers(store=store, changes=changes, entries=entries, config=config),
+            anchors=Anchors(
+                store=store,
+                changes=changes,
+                entries=entries,
+                config=config,
+                secret=key.seed,
+                on_change=anchoring.nudge,
+            ),
         )
         app = create_app(deps)
         register_events(
@@ -136,5 +154,42 @@ async def open_service(
                 stopping=stopping if stopping is not None else trio.Event(),
             ),
         )
-        yield Service(config, store, app, deps, writer, logs, caches, limiter)
+        yield Service(config, store, app, deps, writer, logs, caches, limiter, anchoring)
         nursery.cancel_scope.cancel()
+
+
+async def _start_anchoring(
+    nursery: trio.Nursery,
+    config: Config,
+    store: Store,
+    writer: Writer,
+    handle: AnchoringHandle,
+) -> None:
+    """The built-in local chain (journaled in the data directory), its block producer, and the
+    anchoring supervisor (which works only while this process holds the anchoring lock)."""
+    settings = config.anchoring
+    interval = settings.block_interval_seconds
+    chain: LocalChain = await nursery.start(
+        partial(
+            run_local_chain,
+            config.server.data_dir / "chain.jsonl",
+            interval=interval,
+            clock_ms=now_ms,
+        )
+    )
+    client = LocalChainClient(chain, instant=interval == 0, clock_ms=now_ms)
+    nursery.start_soon(
+        partial(
+            supervise,
+            "anchoring",
+            partial(
+                run_anchoring,
+                store,
+                writer.append,
+                client,
+                settings,
+                handle=handle,
+                clock_ms=now_ms,
+            ),
+        )
+    )

@@ -10,6 +10,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from registry.anchoring import Member
 from registry.changes import Change, IdemKey, LogRecord, Outcome, Refusal
 
 if TYPE_CHECKING:
@@ -19,8 +20,12 @@ __all__ = [
     "Change",
     "EntryHead",
     "IdemKey",
+    "IntentRow",
+    "Leadership",
     "LogRecord",
+    "OpenBatch",
     "Outcome",
+    "Receipt",
     "RecordRow",
     "SessionRecord",
     "Store",
@@ -36,6 +41,49 @@ class EntryHead:
     doc: str
     # The entry's unrevoked attestations: (expiry in ms or None, attestation record JSON).
     attestations: tuple[tuple[int | None, str], ...] = ()
+    # The state of the head version's anchor intent (None: it has none).
+    anchor_state: str | None = None
+
+
+@dataclass(frozen=True)
+class Receipt:
+    """One batch an anchor intent was part of."""
+
+    batch_id: int
+    leaf_index: int
+    state: str  # claimed | submitted | confirmed | dropped
+    root: str | None
+    transaction_id: str | None
+    block_height: int | None
+    block_hash: str | None
+    anchor_time_ms: int | None
+    observed_ms: int | None
+    created_ms: int
+
+
+@dataclass(frozen=True)
+class IntentRow:
+    intent_id: str
+    entry_did: str
+    sequence: int
+    operation: str
+    item_data_hash: str
+    state: str
+    attempts: int
+    available_ms: int
+    created_ms: int
+    updated_ms: int
+    receipts: tuple[Receipt, ...] = ()
+
+
+@dataclass(frozen=True)
+class OpenBatch:
+    """A batch the supervisor has not settled: its members (with their current states)."""
+
+    batch_id: int
+    root: str | None
+    transaction_id: str | None
+    members: tuple[tuple[Member, str], ...]  # (member, its intent's state), leaf order
 
 
 @dataclass(frozen=True)
@@ -70,6 +118,12 @@ class LogWakeups(Protocol):
     async def wait(self) -> None:
         """Return when the log may have grown; raise `Unavailable` once the listening
         connection is lost (whatever was appended since must be read from the log)."""
+        ...
+
+
+class Leadership(Protocol):
+    async def lost(self) -> None:
+        """Return (or raise `Unavailable`) once the leadership is lost (its connection)."""
         ...
 
 
@@ -123,6 +177,23 @@ class Store(Protocol):
     async def open_session(self, nonce: str, token_hash: bytes, session: SessionRecord) -> bool: ...
     async def get_session(self, token_hash: bytes) -> SessionRecord | None: ...
     async def purge_expired(self) -> dict[str, int]: ...
+
+    # Anchoring (migration 0010): reads, the batch bookkeeping, and the supervisor's election.
+    async def anchor_intents_of(
+        self, entry_did: str, *, after: tuple[int, int, str] | None, limit: int
+    ) -> list[IntentRow]:
+        """The entry's intents ascending by (sequence, createdAt ms, intentId), after `after`."""
+        ...
+
+    async def get_anchor_intent(self, intent_id: str) -> IntentRow | None: ...
+    async def anchor_batch_members(self, batch_id: int) -> list[Member]: ...
+    async def open_anchor_batches(self) -> list[OpenBatch]: ...
+    async def record_anchor_submission(
+        self, batch_id: int, root: str, transaction_id: str
+    ) -> None: ...
+    def leadership(self, name: str) -> AbstractAsyncContextManager[Leadership]:
+        """Hold the named leadership (one holder per database) while inside; waits for it."""
+        ...
 
     async def log_after(self, after_seq: int, limit: int) -> list[LogRecord]: ...
     async def log_head(self) -> int: ...

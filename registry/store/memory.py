@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
 
+from registry.anchoring import Member
 from registry.changes import (
     IDEMPOTENCY_CONFLICT,
     RETRY,
@@ -41,7 +42,15 @@ from registry.changes import (
     Refusal,
 )
 from registry.errors import Unavailable
-from registry.store import EntryHead, RecordRow, SessionRecord, Store
+from registry.store import (
+    EntryHead,
+    IntentRow,
+    OpenBatch,
+    Receipt,
+    RecordRow,
+    SessionRecord,
+    Store,
+)
 
 if TYPE_CHECKING:
     from registry.query import RegistryQuery
@@ -51,7 +60,7 @@ __all__ = ["HANDLERS", "MemoryStore", "MemoryWakeups"]
 K = TypeVar("K")
 V = TypeVar("V")
 
-MODELLED_SCHEMA = 9  # the migration whose semantics this fake follows
+MODELLED_SCHEMA = 10  # the migration whose semantics this fake follows
 IDEMPOTENCY_TTL_MS = 24 * 3600 * 1000  # an idempotency record answers for 24 hours
 SESSION_GRACE_MS = 24 * 3600 * 1000  # expired sessions are purged a day later
 CHALLENGE_GRACE_MS = 3600 * 1000  # put_challenge collects challenges expired an hour ago
@@ -99,6 +108,36 @@ class _IdemRecord:
 
 
 @dataclass(frozen=True)
+class _Intent:
+    intent_id: str
+    entry_did: str
+    sequence: int
+    operation: str
+    item_data_hash: str
+    state: str
+    attempts: int
+    available_ms: int
+    created_ms: int
+    updated_ms: int
+    batch_id: int | None = None
+    leaf_index: int | None = None
+
+
+@dataclass(frozen=True)
+class _Batch:
+    batch_id: int
+    state: str
+    created_ms: int
+    members: tuple[str, ...]  # intent ids in leaf order
+    root: str | None = None
+    transaction_id: str | None = None
+    block_height: int | None = None
+    block_hash: str | None = None
+    anchor_time_ms: int | None = None
+    observed_ms: int | None = None
+
+
+@dataclass(frozen=True)
 class _Record:
     row: RecordRow
     uniq: str | None
@@ -126,6 +165,10 @@ class _Tables:
         self.challenges: dict[str, _Challenge] = {}
         self.sessions: dict[bytes, _Session] = {}
         self.records: dict[tuple[str, str], _Record] = {}  # (kind, id) → record
+        self.intents: dict[str, _Intent] = {}
+        self.intent_of_seq: dict[int, str] = {}
+        self.batches: dict[int, _Batch] = {}
+        self.receipts: dict[str, list[int]] = {}  # intent id → its batch ids
 
 
 class _Tx:
@@ -222,6 +265,22 @@ def _apply_entry_version(
             )
         tx.put(tx.tables.entries, did, new)
     tx.add_version(_Version(seq, did, publisher, lifecycle, doc))
+    anchor = rows.get("anchor")
+    if anchor is not None:
+        intent = _Intent(
+            f"ai_{seq}",
+            did,
+            seq,
+            _text(anchor, "operation"),
+            _text(anchor, "itemDataHash"),
+            "pending",
+            0,
+            tx.now_ms,
+            tx.now_ms,
+            tx.now_ms,
+        )
+        tx.put(tx.tables.intents, intent.intent_id, intent)
+        tx.put(tx.tables.intent_of_seq, seq, intent.intent_id)
     return doc, None
 
 
@@ -299,12 +358,133 @@ def _apply_records(
     return result, None
 
 
+def _apply_anchor_claim(
+    tx: _Tx, seq: int, subject: str | None, rows: Mapping[str, Any]
+) -> tuple[str | None, Refusal | None]:
+    """`apply_anchor_claim`: the oldest available pending intents become batch `seq`."""
+    intents = tx.tables.intents
+    ready = sorted(
+        (
+            i
+            for i in intents.values()
+            if i.state == "pending" and i.available_ms <= int(rows["availableAtMs"])
+        ),
+        key=lambda i: i.sequence,
+    )[: int(rows["batchSize"])]
+    if not ready:
+        return None, Refusal("NotFound", "nothing_pending", "no anchor intent is pending", {})
+    members = []
+    for index, intent in enumerate(ready):
+        claimed = replace(
+            intent,
+            state="submitted",
+            attempts=intent.attempts + 1,
+            batch_id=seq,
+            leaf_index=index,
+            updated_ms=tx.now_ms,
+        )
+        tx.put(intents, intent.intent_id, claimed)
+        batches = [*tx.tables.receipts.get(intent.intent_id, []), seq]
+        tx.put(tx.tables.receipts, intent.intent_id, batches)
+        members.append(
+            [
+                claimed.intent_id,
+                claimed.entry_did,
+                claimed.sequence,
+                claimed.item_data_hash,
+                claimed.attempts,
+            ]
+        )
+    batch = _Batch(seq, "claimed", tx.now_ms, tuple(i.intent_id for i in ready))
+    tx.put(tx.tables.batches, seq, batch)
+    return json.dumps(members), None
+
+
+def _apply_anchor_settle(
+    tx: _Tx, seq: int, subject: str | None, rows: Mapping[str, Any]
+) -> tuple[str | None, Refusal | None]:
+    """`apply_anchor_settle`: a batch's submitted intents confirmed, or requeued / failed."""
+    intents = tx.tables.intents
+    batch_id = int(rows["batchId"])
+    submitted = {
+        i.intent_id for i in intents.values() if i.batch_id == batch_id and i.state == "submitted"
+    }
+    if submitted != set(rows["intents"]):
+        return None, Refusal(
+            RETRY, "intents_changed", "the batch's intents changed meanwhile", {"batchId": batch_id}
+        )
+    batch = tx.tables.batches[batch_id]
+    if rows["outcome"] == "confirmed":
+        tx.put(
+            tx.tables.batches,
+            batch_id,
+            replace(
+                batch,
+                state="confirmed",
+                block_height=int(rows["blockHeight"]),
+                block_hash=rows.get("blockHash"),
+                anchor_time_ms=rows.get("anchorTimeMs"),
+                observed_ms=tx.now_ms,
+            ),
+        )
+        for intent_id in submitted:
+            tx.put(
+                intents,
+                intent_id,
+                replace(intents[intent_id], state="confirmed", updated_ms=tx.now_ms),
+            )
+    else:
+        tx.put(tx.tables.batches, batch_id, replace(batch, state="dropped", observed_ms=tx.now_ms))
+        for intent_id in rows.get("pending", []):
+            tx.put(
+                intents,
+                intent_id,
+                replace(
+                    intents[intent_id],
+                    state="pending",
+                    available_ms=int(rows["availableAtMs"]),
+                    updated_ms=tx.now_ms,
+                ),
+            )
+        for intent_id in rows.get("failed", []):
+            tx.put(
+                intents,
+                intent_id,
+                replace(intents[intent_id], state="failed", updated_ms=tx.now_ms),
+            )
+    return "{}", None
+
+
+def _apply_anchor_control(
+    tx: _Tx, seq: int, subject: str | None, rows: Mapping[str, Any]
+) -> tuple[str | None, Refusal | None]:
+    """`apply_anchor_control`: admin retry / abandon, compare-and-set on the state read."""
+    intents = tx.tables.intents
+    intent = intents.get(rows["intentId"])
+    if intent is None or intent.state != rows["from"]:
+        return None, Refusal(
+            RETRY, "intent_changed", "the intent changed meanwhile", {"intentId": rows["intentId"]}
+        )
+    to = rows["to"]
+    if to == "pending":
+        changed = replace(
+            intent, state=to, attempts=0, available_ms=tx.now_ms, updated_ms=tx.now_ms
+        )
+    else:
+        changed = replace(intent, state=to, updated_ms=tx.now_ms)
+    tx.put(intents, intent.intent_id, changed)
+    return json.dumps({"intentId": intent.intent_id, "state": to}), None
+
+
 # The handler of each kind of change (the same kinds as `registry.store.pg.HANDLERS`).
 HANDLERS: dict[str, Handler] = {
     "entry.created": _apply_entry_version,
     "entry.updated": _apply_entry_version,
     "entry.deleted": _apply_entry_version,
     "session.revoked": _apply_session_revoked,
+    "anchor.claimed": _apply_anchor_claim,
+    "anchor.settled": _apply_anchor_settle,
+    "anchor.updated": _apply_anchor_control,
     **{
         kind: _apply_records
         for kind in (
@@ -349,6 +529,21 @@ class MemoryWakeups:
         self._wake = trio.Event()
 
 
+class MemoryLeadership:
+    def __init__(self) -> None:
+        self._lost = trio.Event()
+
+    def lose(self) -> None:
+        self._lost.set()
+
+    async def lost(self) -> None:
+        await self._lost.wait()
+        raise Unavailable("the leadership was lost", code="database_unavailable")
+
+
+LEADERSHIP_POLL_SECONDS = 2.0
+
+
 # --- the store ------------------------------------------------------------------------------
 
 
@@ -371,6 +566,7 @@ class MemoryStore:
         self._schema_version = schema_version
         self._tables = _Tables()
         self._listeners: set[MemoryWakeups] = set()
+        self._leaders: dict[str, MemoryLeadership] = {}
 
     # --- test knobs -----------------------------------------------------------------------
 
@@ -509,7 +705,120 @@ class MemoryStore:
             entry.lifecycle,
             doc,
             tuple((row.expires_ms, row.doc) for row in attested),
+            self._intent_state(entry.head_seq),
         )
+
+    def _intent_state(self, seq: int) -> str | None:
+        intent_id = self._tables.intent_of_seq.get(seq)
+        return None if intent_id is None else self._tables.intents[intent_id].state
+
+    # --- anchoring --------------------------------------------------------------------------
+
+    def _intent_row(self, intent: _Intent) -> IntentRow:
+        receipts = []
+        for batch_id in self._tables.receipts.get(intent.intent_id, []):
+            b = self._tables.batches[batch_id]
+            receipts.append(
+                Receipt(
+                    b.batch_id,
+                    b.members.index(intent.intent_id),
+                    b.state,
+                    b.root,
+                    b.transaction_id,
+                    b.block_height,
+                    b.block_hash,
+                    b.anchor_time_ms,
+                    b.observed_ms,
+                    b.created_ms,
+                )
+            )
+        return IntentRow(
+            intent.intent_id,
+            intent.entry_did,
+            intent.sequence,
+            intent.operation,
+            intent.item_data_hash,
+            intent.state,
+            intent.attempts,
+            intent.available_ms,
+            intent.created_ms,
+            intent.updated_ms,
+            tuple(receipts),
+        )
+
+    async def anchor_intents_of(
+        self, entry_did: str, *, after: tuple[int, int, str] | None, limit: int
+    ) -> list[IntentRow]:
+        await self._call(write=False)
+        found = sorted(
+            (i for i in self._tables.intents.values() if i.entry_did == entry_did),
+            key=lambda i: (i.sequence, i.created_ms, i.intent_id),
+        )
+        if after is not None:
+            found = [i for i in found if (i.sequence, i.created_ms, i.intent_id) > after]
+        return [self._intent_row(i) for i in found[:limit]]
+
+    async def get_anchor_intent(self, intent_id: str) -> IntentRow | None:
+        await self._call(write=False)
+        intent = self._tables.intents.get(intent_id)
+        return None if intent is None else self._intent_row(intent)
+
+    def _members(self, batch: _Batch) -> list[Member]:
+        out = []
+        for intent_id in batch.members:
+            i = self._tables.intents[intent_id]
+            out.append(Member(i.intent_id, i.entry_did, i.sequence, i.item_data_hash, i.attempts))
+        return out
+
+    async def anchor_batch_members(self, batch_id: int) -> list[Member]:
+        await self._call(write=False)
+        batch = self._tables.batches.get(batch_id)
+        return [] if batch is None else self._members(batch)
+
+    async def open_anchor_batches(self) -> list[OpenBatch]:
+        await self._call(write=False)
+        out = []
+        for batch in sorted(self._tables.batches.values(), key=lambda b: b.batch_id):
+            if batch.state not in ("claimed", "submitted"):
+                continue
+            members = tuple(
+                (
+                    m,
+                    self._tables.intents[m.intent_id].state
+                    if self._tables.intents[m.intent_id].batch_id == batch.batch_id
+                    else "moved",
+                )
+                for m in self._members(batch)
+            )
+            out.append(OpenBatch(batch.batch_id, batch.root, batch.transaction_id, members))
+        return out
+
+    async def record_anchor_submission(self, batch_id: int, root: str, transaction_id: str) -> None:
+        await self._call(write=True)
+        batch = self._tables.batches.get(batch_id)
+        if batch is not None and batch.state in ("claimed", "submitted"):
+            self._tables.batches[batch_id] = replace(
+                batch, root=root, transaction_id=transaction_id, state="submitted"
+            )
+
+    @asynccontextmanager
+    async def leadership(self, name: str) -> AsyncIterator[MemoryLeadership]:
+        """One holder of `name` per store; waits (polling, like the SQL adapter) for it."""
+        while name in self._leaders:  # noqa: ASYNC110 (the SQL adapter can only poll too)
+            await trio.sleep(LEADERSHIP_POLL_SECONDS)
+        held = MemoryLeadership()
+        self._leaders[name] = held
+        try:
+            yield held
+        finally:
+            if self._leaders.get(name) is held:
+                del self._leaders[name]
+
+    def break_leadership(self, name: str) -> None:
+        """Test knob: the holder of `name` loses it (as with its connection lost)."""
+        held = self._leaders.pop(name, None)
+        if held is not None:
+            held.lose()
 
     # --- trust and ownership records ------------------------------------------------------
 

@@ -22,10 +22,11 @@ import asyncpg
 import trio
 import trio_asyncio
 
+from registry.anchoring import Member
 from registry.changes import IDEMPOTENCY_CONFLICT, Change, IdemKey, LogRecord, Outcome, Refusal
 from registry.errors import Invalid, Unavailable
 from registry.query import RegistryQuery
-from registry.store import EntryHead, RecordRow, SessionRecord
+from registry.store import EntryHead, IntentRow, OpenBatch, Receipt, RecordRow, SessionRecord
 from registry.store.discover import Plan, compile_discover
 from registry.store.pool import LeanPool
 
@@ -107,6 +108,10 @@ HANDLERS: dict[str, str] = {
     "entry.updated": "apply_entry_version",
     "entry.deleted": "apply_entry_version",
     "session.revoked": "apply_session_revoked",
+    # Anchoring (migration 0010).
+    "anchor.claimed": "apply_anchor_claim",
+    "anchor.settled": "apply_anchor_settle",
+    "anchor.updated": "apply_anchor_control",
     # Trust and ownership records (migration 0009): versioned documents, compare-and-set.
     **{
         kind: "apply_records"
@@ -189,6 +194,44 @@ def _record(row: Any) -> RecordRow:
     )
 
 
+_INTENT_COLUMNS = (
+    "i.intent_id, i.entry_did, i.sequence, i.operation, i.item_data_hash, i.state, i.attempts,"
+    " epoch_ms(i.available_at) AS available_ms, epoch_ms(i.created_at) AS created_ms,"
+    " epoch_ms(i.updated_at) AS updated_ms"
+)
+LEADERSHIP_POLL_SECONDS = 2.0
+
+
+def _intent(row: Any, receipts: tuple[Receipt, ...]) -> IntentRow:
+    return IntentRow(
+        row["intent_id"],
+        row["entry_did"],
+        row["sequence"],
+        row["operation"],
+        row["item_data_hash"],
+        row["state"],
+        row["attempts"],
+        row["available_ms"],
+        row["created_ms"],
+        row["updated_ms"],
+        receipts,
+    )
+
+
+@_seam
+async def _try_lock(conn: Any, name: str) -> bool:
+    return bool(await conn.fetchval("SELECT pg_try_advisory_lock(hashtext($1))", name))
+
+
+class PgLeadership:
+    def __init__(self, lost: trio.Event) -> None:
+        self._lost = lost
+
+    async def lost(self) -> None:
+        await self._lost.wait()
+        raise Unavailable("the leadership connection was lost", code="database_unavailable")
+
+
 def _ms(value: Any) -> int:
     return int(value.timestamp() * 1000)
 
@@ -258,7 +301,8 @@ class PgStore:
             "       ORDER BY r.created_seq) AS expiries,"
             " ARRAY(SELECT r.doc FROM records r"
             "       WHERE r.kind = 'attestation' AND r.entry_did = $1 AND r.status = 'active'"
-            "       ORDER BY r.created_seq) AS attestations"
+            "       ORDER BY r.created_seq) AS attestations,"
+            " (SELECT a.state FROM anchor_intents a WHERE a.sequence = e.head_seq) AS anchor_state"
             " FROM entries AS e"
             " JOIN entry_versions AS v ON v.seq = e.head_seq WHERE e.entry_did = $1",
             entry_did,
@@ -272,7 +316,129 @@ class PgStore:
             row["lifecycle"],
             row["doc"],
             tuple(zip(row["expiries"], row["attestations"], strict=True)),
+            row["anchor_state"],
         )
+
+    # --- anchoring ----------------------------------------------------------------------------
+
+    @_seam
+    async def anchor_intents_of(
+        self, entry_did: str, *, after: tuple[int, int, str] | None, limit: int
+    ) -> list[IntentRow]:
+        seq, created, intent = after if after is not None else (None, None, None)
+        async with self._pool.acquire() as conn:
+            rows = await conn.fetch(
+                f"SELECT {_INTENT_COLUMNS} FROM anchor_intents i WHERE i.entry_did = $1"
+                " AND ($2::bigint IS NULL OR (i.sequence, epoch_ms(i.created_at), i.intent_id)"
+                "      > ($2, $3::bigint, $4::text))"
+                " ORDER BY i.sequence, i.created_at, i.intent_id LIMIT $5",
+                entry_did,
+                seq,
+                created,
+                intent,
+                limit,
+            )
+            receipts = await self._receipts(conn, [r["intent_id"] for r in rows])
+        return [_intent(r, receipts.get(r["intent_id"], ())) for r in rows]
+
+    @_seam
+    async def get_anchor_intent(self, intent_id: str) -> IntentRow | None:
+        async with self._pool.acquire() as conn:
+            row = await conn.fetchrow(
+                f"SELECT {_INTENT_COLUMNS} FROM anchor_intents i WHERE i.intent_id = $1",
+                intent_id,
+            )
+            if row is None:
+                return None
+            receipts = await self._receipts(conn, [intent_id])
+        return _intent(row, receipts.get(intent_id, ()))
+
+    @staticmethod
+    async def _receipts(conn: Any, intent_ids: list[str]) -> dict[str, tuple[Receipt, ...]]:
+        rows = await conn.fetch(
+            "SELECT r.intent_id, r.batch_id, r.leaf_index, b.state, b.root, b.transaction_id,"
+            " b.block_height, b.block_hash, epoch_ms(b.anchor_time) AS anchor_ms,"
+            " epoch_ms(b.observed_at) AS observed_ms, epoch_ms(b.created_at) AS created_ms"
+            " FROM anchor_receipts r JOIN anchor_batches b USING (batch_id)"
+            " WHERE r.intent_id = ANY($1::text[]) ORDER BY r.intent_id, r.batch_id",
+            intent_ids,
+        )
+        out: dict[str, list[Receipt]] = {}
+        for r in rows:
+            out.setdefault(r["intent_id"], []).append(
+                Receipt(
+                    r["batch_id"],
+                    r["leaf_index"],
+                    r["state"],
+                    r["root"],
+                    r["transaction_id"],
+                    r["block_height"],
+                    r["block_hash"],
+                    r["anchor_ms"],
+                    r["observed_ms"],
+                    r["created_ms"],
+                )
+            )
+        return {k: tuple(v) for k, v in out.items()}
+
+    @_seam
+    async def anchor_batch_members(self, batch_id: int) -> list[Member]:
+        rows = await self._pool.fetch(
+            "SELECT i.intent_id, i.entry_did, i.sequence, i.item_data_hash, i.attempts"
+            " FROM anchor_receipts r JOIN anchor_intents i USING (intent_id)"
+            " WHERE r.batch_id = $1 ORDER BY r.leaf_index",
+            batch_id,
+        )
+        return [Member(*r) for r in rows]
+
+    @_seam
+    async def open_anchor_batches(self) -> list[OpenBatch]:
+        async with self._pool.acquire() as conn:
+            batches = await conn.fetch(
+                "SELECT batch_id, root, transaction_id FROM anchor_batches"
+                " WHERE state IN ('claimed', 'submitted') ORDER BY batch_id"
+            )
+            out = []
+            for b in batches:
+                rows = await conn.fetch(
+                    "SELECT i.intent_id, i.entry_did, i.sequence, i.item_data_hash, i.attempts,"
+                    " CASE WHEN i.batch_id = r.batch_id THEN i.state ELSE 'moved' END AS state"
+                    " FROM anchor_receipts r JOIN anchor_intents i USING (intent_id)"
+                    " WHERE r.batch_id = $1 ORDER BY r.leaf_index",
+                    b["batch_id"],
+                )
+                members = tuple((Member(*r[:5]), r["state"]) for r in rows)
+                out.append(OpenBatch(b["batch_id"], b["root"], b["transaction_id"], members))
+        return out
+
+    @_seam
+    async def record_anchor_submission(self, batch_id: int, root: str, transaction_id: str) -> None:
+        await self._pool.execute(
+            "UPDATE anchor_batches SET root = $2, transaction_id = $3, state = 'submitted'"
+            " WHERE batch_id = $1 AND state IN ('claimed', 'submitted')",
+            batch_id,
+            root,
+            transaction_id,
+        )
+
+    @asynccontextmanager
+    async def leadership(self, name: str) -> AsyncIterator[PgLeadership]:
+        """Hold `pg_advisory_lock` of `name` on a connection of its own while inside (one
+        holder per database); waits, polling, until it is free."""
+        conn = await _listening_connection(self._pool, (), Notifications())
+        lost = trio.Event()
+
+        def terminated(_conn: Any) -> None:
+            lost.set()
+
+        conn.add_termination_listener(terminated)
+        try:
+            while not await _try_lock(conn, name):  # noqa: ASYNC110 (an advisory lock: poll)
+                await trio.sleep(LEADERSHIP_POLL_SECONDS)
+            yield PgLeadership(lost)
+        finally:
+            conn.remove_termination_listener(terminated)
+            self._pool.discard(conn)  # closing the session releases the lock
 
     # --- trust and ownership records ------------------------------------------------------
 

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from registry import entries as entry_rules
+from registry.anchoring import with_anchor_state
 from registry.caches import FollowedCache, ResultCache, Served
 from registry.canonical import canonicalize
 from registry.changes import Change, ChangeLog, IdemKey, Outcome
@@ -38,23 +39,32 @@ def entry_change(
     prefix: str,
     suffix: str,
     event: dict[str, Any] | None = None,
+    item_data_hash: str | None = None,
 ) -> Change:
-    """An `entry.*` change: one new version of `did` (the rows of the entry handler)."""
+    """An `entry.*` change: one new version of `did` (the rows of the entry handler). With
+    `item_data_hash`, the version also records its anchor intent (operation from `kind`)."""
     data = {"entryType": entry_type, "publisherDid": publisher, "lifecycleStatus": lifecycle}
     data.update(event or {})
-    return Change(
-        kind=kind,
-        subject=did,
-        rows={
-            "expectedHead": expected_head,
-            "publisherDid": publisher,
-            "entryType": entry_type,
-            "lifecycle": lifecycle,
-            "prefix": prefix,
-            "suffix": suffix,
-        },
-        event=data,
-    )
+    rows: dict[str, Any] = {
+        "expectedHead": expected_head,
+        "publisherDid": publisher,
+        "entryType": entry_type,
+        "lifecycle": lifecycle,
+        "prefix": prefix,
+        "suffix": suffix,
+    }
+    if item_data_hash is not None:
+        rows["anchor"] = {"operation": OPERATIONS[kind], "itemDataHash": item_data_hash}
+    return Change(kind=kind, subject=did, rows=rows, event=data)
+
+
+# The anchor intent operation of each kind of entry version (spec 2.3).
+OPERATIONS = {
+    "entry.created": "create",
+    "entry.updated": "update",
+    "entry.transferred": "transfer",
+    "entry.deleted": "delete",
+}
 
 
 class Entries:
@@ -74,6 +84,9 @@ class Entries:
         self.cache = cache  # entry DID → head
         self.results = results  # discovery pages, dropped by the changes that can move them
         self.clock_ms = clock_ms
+        # Every version records its anchor intent while anchoring is on (design §8).
+        self.anchoring = config.anchoring.enabled
+        self.on_version: Callable[[], None] = lambda: None  # a version (and intent) was written
 
     # --- writes -------------------------------------------------------------------------
 
@@ -165,6 +178,7 @@ class Entries:
                 lifecycle="deleted",
                 prefix=prefix,
                 suffix="}",
+                item_data_hash=_item_data_hash(head.doc) if self.anchoring else None,
             )
 
         outcome = await self.changes.submit(idem, decide)
@@ -175,7 +189,11 @@ class Entries:
     ) -> Change:
         at = rfc3339(self.clock_ms())
         form = entry_rules.stored_form(
-            entry.doc, updated_at=at, signature_created=at, members=entry.members
+            entry.doc,
+            updated_at=at,
+            signature_created=at,
+            members=entry.members,
+            anchor_state="pending" if self.anchoring else "unanchored",
         )
         return entry_change(
             kind,
@@ -187,6 +205,7 @@ class Entries:
             prefix=form.prefix,
             suffix=form.suffix,
             event={"name": entry.model.name, "version": entry.model.version},
+            item_data_hash=entry.model.item_data_hash if self.anchoring else None,
         )
 
     async def written(self, outcome: Outcome, did: str, *, previous: str | None) -> Outcome:
@@ -195,6 +214,7 @@ class Entries:
         process when the log record reaches it)."""
         if outcome.replayed or outcome.refusal is not None or outcome.sequence is None:
             return outcome
+        self.on_version()
         seq, doc = outcome.sequence, outcome.unwrap()
         self.cache.invalidate(did)
         versions = [doc] if previous is None else [previous, doc]
@@ -222,7 +242,9 @@ class Entries:
             return cached
         epoch = self.cache.epoch
         head = await self.live_head(did)
-        served = Served(head.head_seq, head.doc, head.attestations)
+        served = Served(
+            head.head_seq, with_anchor_state(head.doc, head.anchor_state), head.attestations
+        )
         self.cache.put(did, served, epoch)
         return served
 
@@ -273,6 +295,10 @@ def _json_str(text: str) -> str:
 
 def _entry_type(doc: str) -> str:
     return str(json.loads(doc).get("entryType", ""))
+
+
+def _item_data_hash(doc: str) -> str:
+    return str(json.loads(doc)["itemDataHash"])
 
 
 def _sequence_of(doc: str) -> int:

@@ -194,17 +194,18 @@ class Transfers:
                 code=f"{party}_mismatch",
                 details={"offerId": offer_id},
             )
+        if row.status == "expired" or _expired(row, self.clock_ms()):
+            # Expired: whether it only reads so, or was stored so when a newer offer replaced it.
+            raise Conflict(
+                "the offer has expired",
+                code="offer_expired",
+                details={"offerId": offer_id, "expiresAt": doc["expiresAt"]},
+            )
         if row.status != OPEN:
             raise Conflict(
                 f"the offer is already {row.status}",
                 code="offer_decided",
                 details={"offerId": offer_id, "status": row.status},
-            )
-        if _expired(row, self.clock_ms()):
-            raise Conflict(
-                "the offer has expired",
-                code="offer_expired",
-                details={"offerId": offer_id, "expiresAt": doc["expiresAt"]},
             )
         return row
 
@@ -299,6 +300,10 @@ class Transfers:
                 )
             head = await self.entries.live_head(row.entry_did)
             if head.head_seq != expected:
+                # The head may have moved because this very offer was accepted (or the offer
+                # otherwise decided) after it was read: then that is the answer, not
+                # entry_changed. The offer is read again, after the head.
+                await self._open(offer_id, principal, party="recipient")
                 raise Conflict(
                     "the entry changed since the offer was made",
                     code="entry_changed",

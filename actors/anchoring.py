@@ -1,0 +1,240 @@
+"""The anchoring supervisor: pending intents → Merkle batches → the chain → receipts → finality.
+
+Theory of operation. One supervisor works per database: it first takes the `anchoring`
+leadership (a PostgreSQL advisory lock on a connection of its own), so several `registry serve`
+processes can share a database and only one anchors; if that connection is lost, the run ends
+(`Unavailable`) and the supervisor restarts, competing for the lock again. As leader it loops:
+
+1. **Resume** any open batch (claimed or submitted) from the store — after a crash, the batch
+   a previous run left is finished, never claimed again.
+2. Otherwise **claim** a batch: one change of the append path moves up to `batch_size` available
+   pending intents to `submitted` under a new batch id (the claim's log position).
+3. **Submit** the batch's Merkle root (registry/merkle.py over the members' leaves, in sequence
+   order) with the batch id as the chain's idempotency key, then record the transaction id. A
+   crash between the two re-submits under the same key and gets the same transaction.
+4. **Poll** the transaction; `registry.anchoring.settle` decides: final and carrying this root →
+   one change marks the members `confirmed` (their entries read `anchored`), with one
+   `anchor.updated` event per intent; dropped or re-orged → back to `pending` after a jittered
+   backoff, or `failed` once `max_attempts` submissions were used.
+
+Every intent state change is a change of the one append path, compare-and-set on the intents'
+states: an admin who abandons an intent meanwhile makes the settle `Retry`, and the next loop
+settles the batch without it. Chain RPC failures and database outages back off with jitter.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import trio
+
+from registry.anchoring import Member, Settlement, entry_state, settle, tree_of
+from registry.chain import Chain, ChainUnavailable
+from registry.changes import RETRY, Also, Change, IdemKey, Outcome
+from registry.config import AnchoringConfig
+from registry.errors import Unavailable
+from registry.ratelimit import Backoff
+from registry.store import OpenBatch, Store
+
+log = logging.getLogger(__name__)
+
+Append = Callable[[Change, IdemKey | None], Awaitable[Outcome]]
+BACKOFF = Backoff(initial=0.5, maximum=30.0)
+LEADERSHIP = "anchoring"
+
+
+@dataclass
+class AnchoringStats:
+    """What the supervisor has done (read by health checks and tests)."""
+
+    leader: bool = False
+    batches: int = 0
+    confirmed: int = 0
+    requeued: int = 0
+    failed: int = 0
+    chain_errors: int = 0
+    last_error: str | None = None
+
+
+class AnchoringHandle:
+    """The supervisor's handle, which outlives its restarts: statistics, and a nudge when new
+    intents may be pending (an entry version was written, an admin requeued one)."""
+
+    def __init__(self) -> None:
+        self.stats = AnchoringStats()
+        self.wake = trio.Event()
+
+    def nudge(self) -> None:
+        self.wake.set()
+
+
+async def run_anchoring(
+    store: Store,
+    append: Append,
+    chain: Chain,
+    config: AnchoringConfig,
+    *,
+    handle: AnchoringHandle,
+    clock_ms: Callable[[], int],
+    rand: Callable[[], float] = random.random,
+) -> None:
+    """Anchor until cancelled (run it under `supervise`: a lost database or leadership ends a
+    run with `Unavailable`)."""
+    stats = handle.stats
+    supervisor = _Supervisor(store, append, chain, config, clock_ms, rand, handle)
+    try:
+        async with store.leadership(LEADERSHIP) as leadership:
+            stats.leader = True
+            log.info("anchoring: this process is the anchoring leader")
+            async with trio.open_nursery() as nursery:
+
+                async def watch() -> None:
+                    await leadership.lost()  # raises Unavailable: the run ends
+
+                nursery.start_soon(watch)
+                await supervisor.loop()
+    finally:
+        stats.leader = False
+
+
+class _Supervisor:
+    def __init__(
+        self,
+        store: Store,
+        append: Append,
+        chain: Chain,
+        config: AnchoringConfig,
+        clock_ms: Callable[[], int],
+        rand: Callable[[], float],
+        handle: AnchoringHandle,
+    ) -> None:
+        self.store = store
+        self.append = append
+        self.chain = chain
+        self.config = config
+        self.clock_ms = clock_ms
+        self.rand = rand
+        self.handle = handle
+        self.stats = handle.stats
+        # How long to wait before polling a submitted batch again: a fraction of a block.
+        self.poll_seconds = min(config.block_interval_seconds / 4, 1.0)
+
+    async def loop(self) -> None:
+        failures = 0
+        while True:
+            try:
+                busy = await self.step()
+                failures = 0
+            except ChainUnavailable as exc:
+                failures += 1
+                self.stats.chain_errors += 1
+                self.stats.last_error = f"chain: {exc}"
+                delay = BACKOFF.jittered(failures, self.rand())
+                log.warning("anchoring: chain unavailable (%s); retry in %.1fs", exc, delay)
+                await trio.sleep(delay)
+                continue
+            if busy:
+                await trio.lowlevel.checkpoint()
+                continue
+            with trio.move_on_after(self.idle_seconds()):
+                await self.handle.wake.wait()
+            self.handle.wake = trio.Event()
+
+    def idle_seconds(self) -> float:
+        """Nothing to do now: wait for a nudge, or a while (a batch waiting for blocks is
+        polled a few times per block; with nothing open, claims are tried every block)."""
+        interval = self.config.block_interval_seconds
+        return max(self.poll_seconds, 0.05) if interval else 0.05
+
+    async def step(self) -> bool:
+        """One move of the oldest open batch, or a new claim; False when there was nothing to
+        do now (waiting for blocks or for intents)."""
+        batches = await self.store.open_anchor_batches()
+        if batches:
+            return await self.advance(batches[0])
+        outcome = await self.append(
+            Change(
+                "anchor.claimed",
+                None,
+                {"batchSize": self.config.batch_size, "availableAtMs": self.clock_ms()},
+            ),
+            None,
+        )
+        if outcome.refusal is not None or outcome.sequence is None:
+            return False  # nothing pending
+        members = [Member(*m) for m in json.loads(outcome.unwrap())]
+        self.stats.batches += 1
+        batch = OpenBatch(outcome.sequence, None, None, tuple((m, "submitted") for m in members))
+        return await self.advance(batch)
+
+    async def advance(self, batch: OpenBatch) -> bool:
+        members = [m for m, _ in batch.members]
+        live = [m for m, state in batch.members if state == "submitted"]
+        tree = tree_of(members)
+        tx_id = batch.transaction_id
+        if tx_id is None:
+            tx_id = await self.chain.submit(tree.root, key=f"batch-{batch.batch_id}")
+            await self.store.record_anchor_submission(batch.batch_id, tree.root, tx_id)
+        status = await self.chain.status(tx_id)
+        decision = settle(
+            live,
+            tree.root,
+            status,
+            finality_depth=self.config.finality_depth,
+            max_attempts=self.config.max_attempts,
+            now_ms=self.clock_ms(),
+            rand=self.rand(),
+        )
+        if decision is None:
+            return self.config.block_interval_seconds == 0  # instant blocks: poll again now
+        outcome = await self.append(self.settle_change(batch.batch_id, live, decision), None)
+        if outcome.refusal is not None:
+            if outcome.refusal.kind == RETRY:
+                return True  # an intent moved meanwhile: read the batch again
+            raise Unavailable(f"anchoring: settle refused: {outcome.refusal.message}")
+        if decision.outcome == "confirmed":
+            self.stats.confirmed += len(live)
+        else:
+            self.stats.requeued += len(decision.pending)
+            self.stats.failed += len(decision.failed)
+        return True
+
+    def settle_change(self, batch_id: int, live: list[Member], s: Settlement) -> Change:
+        rows: dict[str, object] = {
+            "batchId": batch_id,
+            "intents": [m.intent_id for m in live],
+            "outcome": s.outcome,
+        }
+        also: list[Also] = []
+        if s.outcome == "confirmed":
+            rows.update(
+                blockHeight=s.block_height, blockHash=s.block_hash, anchorTimeMs=s.anchor_time_ms
+            )
+            states = dict.fromkeys((m.intent_id for m in live), "confirmed")
+        else:
+            rows.update(
+                pending=list(s.pending), failed=list(s.failed), availableAtMs=s.available_at_ms
+            )
+            states = {**dict.fromkeys(s.pending, "pending"), **dict.fromkeys(s.failed, "failed")}
+        for m in live:
+            state = states[m.intent_id]
+            event: dict[str, object] = {
+                "intentId": m.intent_id,
+                "sequence": m.sequence,
+                "state": state,
+                "anchorState": entry_state(state),
+            }
+            if s.outcome == "confirmed":
+                event["blockHeight"] = s.block_height
+            also.append(Also("anchor.updated", m.entry_did, event))
+        return Change(
+            "anchor.settled",
+            None,
+            rows,
+            event={"batchId": batch_id, "outcome": s.outcome, "intents": len(live)},
+            also=tuple(also),
+        )

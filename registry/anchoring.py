@@ -1,0 +1,153 @@
+"""Anchoring, pure: the intent lifecycle and the supervisor's decisions (design §8, spec 2.2-2.3).
+
+An anchor intent moves
+
+    pending ──claim──▶ submitted ──final and proven──▶ confirmed   (the entry is `anchored`)
+       ▲                   │
+       └──dropped/re-org───┤ (back to pending after a backoff, while attempts < max_attempts)
+                           └──dropped/re-org, attempts exhausted──▶ failed
+    admin retry:   failed | abandoned → pending (attempts start again)
+    admin abandon: pending | submitted | failed → abandoned
+
+The supervisor (actors/anchoring.py) performs the I/O; this module decides: which batch to build
+(`leaves_of`), when a submitted batch is settled and how (`settle`), what an admin may do
+(`control`), and what an entry shows (`entry_state`, `with_anchor_state`). Time comes in as
+milliseconds, randomness as a number in [0, 1).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Literal
+
+from registry.canonical import canonicalize
+from registry.errors import Conflict
+from registry.merkle import MerkleTree, leaf_hash
+from registry.ratelimit import Backoff
+
+STATES = ("pending", "submitted", "confirmed", "failed", "abandoned")
+
+# What an entry's `anchorState` says for the state of its head version's intent.
+ENTRY_STATES = {
+    "pending": "pending",
+    "submitted": "pending",
+    "confirmed": "anchored",
+    "failed": "failed",
+    "abandoned": "abandoned",
+}
+
+# Admin control (design §8, §12): action → (states it is allowed from, the state it leads to).
+CONTROLS: dict[str, tuple[frozenset[str], str]] = {
+    "retry": (frozenset({"failed", "abandoned"}), "pending"),
+    "abandon": (frozenset({"pending", "submitted", "failed"}), "abandoned"),
+}
+
+PAST = {"retry": "retried", "abandon": "abandoned"}
+REQUEUE_BACKOFF = Backoff(initial=1.0, maximum=300.0)
+
+
+def entry_state(intent_state: str | None) -> str:
+    return "unanchored" if intent_state is None else ENTRY_STATES[intent_state]
+
+
+def with_anchor_state(doc: str, intent_state: str | None) -> str:
+    """The served entry `doc` with `anchorState` for its intent's state (the stored version
+    says `pending` when it recorded an intent, `unanchored` when it did not)."""
+    shown = entry_state(intent_state)
+    if intent_state is None or shown == "pending":
+        return doc
+    entry = json.loads(doc)
+    entry["anchorState"] = shown
+    return canonicalize(entry).decode("utf-8")
+
+
+def control(intent_id: str, state: str, action: str) -> str:
+    """The state an admin `action` ("retry" | "abandon") moves an intent in `state` to."""
+    allowed, to = CONTROLS[action]
+    if state not in allowed:
+        raise Conflict(
+            f"an intent in state {state} cannot be {PAST[action]}",
+            code="intent_state_conflict",
+            details={"intentId": intent_id, "state": state, "allowedFrom": sorted(allowed)},
+        )
+    return to
+
+
+@dataclass(frozen=True)
+class Member:
+    """An intent in a batch, in leaf order."""
+
+    intent_id: str
+    entry_did: str
+    sequence: int
+    item_data_hash: str
+    attempts: int
+
+    @property
+    def leaf(self) -> str:
+        return leaf_hash(self.entry_did, self.sequence, self.item_data_hash)
+
+
+def tree_of(members: list[Member]) -> MerkleTree:
+    return MerkleTree([m.leaf for m in members])
+
+
+@dataclass(frozen=True)
+class ChainStatus:
+    """What the chain says about a batch's transaction."""
+
+    state: Literal["pending", "included", "dropped"]
+    block_height: int | None = None
+    block_hash: str | None = None
+    confirmations: int = 0
+    block_root: str | None = None  # the root this transaction put in its block
+    block_time_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class Settlement:
+    outcome: Literal["confirmed", "dropped"]
+    pending: tuple[str, ...] = ()  # back to pending (dropped)
+    failed: tuple[str, ...] = ()  # attempts exhausted (dropped)
+    available_at_ms: int = 0
+    block_height: int | None = None
+    block_hash: str | None = None
+    anchor_time_ms: int | None = None
+
+
+def settle(
+    members: list[Member],
+    root: str,
+    status: ChainStatus,
+    *,
+    finality_depth: int,
+    max_attempts: int,
+    now_ms: int,
+    rand: float,
+) -> Settlement | None:
+    """How a submitted batch ends, or None while it is not settled yet.
+
+    Confirmed only when the block is final (confirmations ≥ depth) and holds this batch's root
+    (every member's proof is a path of the tree whose root that is, so each verifies against
+    the block); a transaction the chain dropped, re-orged away, or that carries another root,
+    sends the members back to pending after a backoff, or to failed once they used
+    `max_attempts`."""
+    if status.state == "pending":
+        return None
+    if status.state == "included" and status.block_root == root:
+        if status.confirmations < max(1, finality_depth):
+            return None
+        return Settlement(
+            "confirmed",
+            block_height=status.block_height,
+            block_hash=status.block_hash,
+            anchor_time_ms=status.block_time_ms,
+        )
+    attempts = max((m.attempts for m in members), default=1)
+    delay = REQUEUE_BACKOFF.jittered(attempts, rand)
+    pending = tuple(m.intent_id for m in members if m.attempts < max_attempts)
+    failed = tuple(m.intent_id for m in members if m.attempts >= max_attempts)
+    return Settlement(
+        "dropped", pending=pending, failed=failed, available_at_ms=now_ms + int(delay * 1000)
+    )

@@ -1,0 +1,195 @@
+"""Anchors: the intents and receipts of an entry, and admin retry / abandon (spec 2.2, 2.3,
+4.3; design §8, §12).
+
+`GET /v1/anchors/{did}` lists the entry's intents ascending by (sequence, createdAt, intentId),
+each with its receipts (one per batch it was part of); a confirmed receipt carries the
+`MerkleProof` of the intent's leaf, and the intent then carries its `anchor` (the spec's
+`AnchorRecord`). The cursor is opaque: the last position, authenticated with the registry's key
+and bound to the entry, so a client can neither forge a position nor reuse it for another entry.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import re
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+from registry.anchoring import control, entry_state
+from registry.canonical import canonicalize
+from registry.changes import Change, ChangeLog, IdemKey, Outcome, rfc3339_ms
+from registry.config import Config
+from registry.errors import Invalid, NotFound
+from registry.merkle import MerkleTree
+from registry.store import IntentRow, Receipt, Store
+from registry.usecases.common import Principal, page_size
+from registry.usecases.entries import Entries
+
+CURSOR = re.compile(r"^[A-Za-z0-9_-]{1,2048}$")
+TREES_KEPT = 64  # Merkle trees of recent batches, for proofs
+
+
+class Anchors:
+    def __init__(
+        self,
+        *,
+        store: Store,
+        changes: ChangeLog,
+        entries: Entries,
+        config: Config,
+        secret: bytes,
+        on_change: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.store = store
+        self.changes = changes
+        self.entries = entries
+        self.config = config
+        self._key = hashlib.sha256(b"registry anchors cursor\0" + secret).digest()
+        self._trees: OrderedDict[int, MerkleTree] = OrderedDict()
+        self.on_change = on_change  # an intent went back to pending: wake the supervisor
+
+    # --- reads -----------------------------------------------------------------------------
+
+    async def list(self, did: str, *, limit: int | None, cursor: str | None) -> str:
+        head = await self.entries.live_head(did)
+        size = page_size(self.config.limits, limit)
+        after = None if cursor is None else self._decode(did, cursor)
+        rows = await self.store.anchor_intents_of(did, after=after, limit=size + 1)
+        more = len(rows) > size
+        rows = rows[:size]
+        body: dict[str, Any] = {
+            "anchorState": entry_state(head.anchor_state),
+            "entryDid": did,
+            "hasMore": more,
+            "records": [await self.record(r) for r in rows],
+        }
+        if more:
+            last = rows[-1]
+            body["cursor"] = self._encode(did, (last.sequence, last.created_ms, last.intent_id))
+        return canonicalize(body).decode("utf-8")
+
+    async def record(self, row: IntentRow) -> dict[str, Any]:
+        """The spec's anchor intent record (2.3), with the AnchorRecord (2.2) once anchored."""
+        out: dict[str, Any] = {
+            "attempts": row.attempts,
+            "availableAt": rfc3339_ms(row.available_ms),
+            "createdAt": rfc3339_ms(row.created_ms),
+            "entryDid": row.entry_did,
+            "intentId": row.intent_id,
+            "operation": row.operation,
+            "receipts": [await self._receipt(row, r) for r in row.receipts],
+            "sequence": row.sequence,
+            "state": row.state,
+            "updatedAt": rfc3339_ms(row.updated_ms),
+        }
+        current = row.receipts[-1] if row.receipts else None
+        if current is not None and current.transaction_id is not None:
+            out["transactionId"] = current.transaction_id
+        confirmed = [r for r in out["receipts"] if r["state"] == "confirmed"]
+        if row.state == "confirmed" and confirmed:
+            receipt = confirmed[-1]
+            out["anchor"] = {
+                "anchorTime": receipt["anchorTime"],
+                "blockHeight": receipt["blockHeight"],
+                "entryDid": row.entry_did,
+                "itemDataHash": row.item_data_hash,
+                "proof": receipt["proof"],
+                "txHash": receipt["transactionId"],
+            }
+        return out
+
+    async def _receipt(self, row: IntentRow, r: Receipt) -> dict[str, Any]:
+        receipt: dict[str, Any] = {
+            "blockHeight": r.block_height,
+            "observedAt": rfc3339_ms(r.observed_ms if r.observed_ms is not None else r.created_ms),
+            "proof": None,
+            "receiptKey": f"batch-{r.batch_id}",
+            "state": "submitted" if r.state == "claimed" else r.state,
+            "transactionId": r.transaction_id,
+        }
+        if r.state == "confirmed":
+            tree = await self._tree(r.batch_id)
+            receipt["proof"] = tree.proof(r.leaf_index).to_json()
+            if r.anchor_time_ms is not None:
+                receipt["anchorTime"] = rfc3339_ms(r.anchor_time_ms)
+        return receipt
+
+    async def _tree(self, batch_id: int) -> MerkleTree:
+        tree = self._trees.get(batch_id)
+        if tree is None:
+            members = await self.store.anchor_batch_members(batch_id)
+            tree = MerkleTree([m.leaf for m in members])
+            self._trees[batch_id] = tree
+            while len(self._trees) > TREES_KEPT:
+                self._trees.popitem(last=False)
+        self._trees.move_to_end(batch_id)
+        return tree
+
+    # --- admin control -------------------------------------------------------------------
+
+    async def retry(self, principal: Principal, intent_id: str, idem: IdemKey | None) -> Outcome:
+        return await self._control(principal, intent_id, "retry", idem)
+
+    async def abandon(self, principal: Principal, intent_id: str, idem: IdemKey | None) -> Outcome:
+        return await self._control(principal, intent_id, "abandon", idem)
+
+    async def _control(
+        self, principal: Principal, intent_id: str, action: str, idem: IdemKey | None
+    ) -> Outcome:
+        async def decide() -> Change:
+            principal.require("admin")
+            row = await self.store.get_anchor_intent(intent_id)
+            if row is None:
+                raise NotFound(
+                    "anchor intent not found",
+                    code="intent_not_found",
+                    details={"intentId": intent_id},
+                )
+            to = control(intent_id, row.state, action)
+            return Change(
+                "anchor.updated",
+                row.entry_did,
+                {"intentId": intent_id, "from": row.state, "to": to},
+                event={
+                    "intentId": intent_id,
+                    "sequence": row.sequence,
+                    "state": to,
+                    "anchorState": entry_state(to),
+                    "by": principal.did,
+                },
+            )
+
+        outcome = await self.changes.submit(idem, decide)
+        if outcome.refusal is None and not outcome.replayed:
+            self.on_change()
+        return outcome
+
+    # --- the cursor ------------------------------------------------------------------------
+
+    def _encode(self, did: str, position: tuple[int, int, str]) -> str:
+        body = json.dumps([did, *position], separators=(",", ":")).encode()
+        tag = hmac.new(self._key, body, hashlib.sha256).digest()[:16]
+        return base64.urlsafe_b64encode(tag + body).rstrip(b"=").decode("ascii")
+
+    def _decode(self, did: str, cursor: str) -> tuple[int, int, str]:
+        bad = Invalid("cursor is not one this server issued for this entry", code="invalid_cursor")
+        if not CURSOR.match(cursor):
+            raise bad
+        try:
+            raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        except (ValueError, TypeError):
+            raise bad from None
+        tag, body = raw[:16], raw[16:]
+        if not hmac.compare_digest(tag, hmac.new(self._key, body, hashlib.sha256).digest()[:16]):
+            raise bad
+        try:
+            data = json.loads(body)
+        except ValueError:
+            raise bad from None
+        if not (isinstance(data, list) and len(data) == 4 and data[0] == did):
+            raise bad
+        return int(data[1]), int(data[2]), str(data[3])
