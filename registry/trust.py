@@ -90,7 +90,7 @@ def _exact_for(*values: Decimal) -> Context:
     digits = 0
     for v in values:
         t = v.as_tuple()
-        digits += len(t.digits) + abs(int(t.exponent))  # type: ignore[arg-type]
+        digits += len(t.digits) + abs(int(t.exponent))
     return Context(prec=max(_EXACT.prec, 2 * digits + 10))
 
 
