@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
-from registry.canonical import canonicalize
+from registry.canonical import canonicalize, sha256_hex
 from registry.errors import Conflict
-from registry.merkle import MerkleTree, leaf_hash
+from registry.merkle import MerkleProof, MerkleTree, leaf_hash, verify_proof
 from registry.ratelimit import Backoff
 
 STATES = ("pending", "submitted", "confirmed", "failed", "abandoned")
@@ -151,3 +151,59 @@ def settle(
     return Settlement(
         "dropped", pending=pending, failed=failed, available_at_ms=now_ms + int(delay * 1000)
     )
+
+
+@dataclass(frozen=True)
+class AnchorCheck:
+    """The verdict of `verify_anchor`: each check by name (True: passed), and the problems."""
+
+    checks: dict[str, bool]
+    problems: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def verify_anchor(
+    version: dict[str, Any], anchor: dict[str, Any], block_roots: list[str] | None
+) -> AnchorCheck:
+    """Re-check an `AnchorRecord` (spec 2.2) without taking the server's word for anything but
+    the documents: `version` is the entry version it anchors (as served), `block_roots` the roots
+    the chain holds in block `anchor.blockHeight` (None: not checked against a chain).
+
+    Checks: the version's `itemDataHash` is SHA-256 of JCS(itemData); the record names that
+    hash; the proof's leaf is the leaf of (entryDid, sequence, itemDataHash); the proof's path
+    leads from the leaf to its root; and that root is in the block."""
+    checks: dict[str, bool] = {}
+    problems: list[str] = []
+
+    def check(name: str, passed: bool, problem: str) -> None:
+        checks[name] = passed
+        if not passed:
+            problems.append(problem)
+
+    computed = sha256_hex(canonicalize(version.get("itemData")))
+    check(
+        "itemDataHash",
+        computed == version.get("itemDataHash") == anchor.get("itemDataHash"),
+        "itemDataHash is not SHA-256 of JCS(itemData) of the anchored version",
+    )
+    try:
+        proof = MerkleProof.from_json(anchor.get("proof"))
+    except (ValueError, TypeError) as exc:
+        check("proof", False, f"the proof is malformed: {exc}")
+        return AnchorCheck(checks, tuple(problems))
+    try:
+        leaf = leaf_hash(str(version.get("entryDid")), int(version["sequence"]), computed)
+    except (KeyError, ValueError, TypeError):
+        leaf = ""
+    check("leaf", leaf == proof.leaf_hash, "the proof's leaf is not this version's leaf")
+    check("path", verify_proof(proof, leaf), "the proof's path does not lead to its root")
+    if block_roots is not None:
+        check(
+            "chain",
+            proof.root in block_roots,
+            f"block {anchor.get('blockHeight')} of the chain does not hold the root",
+        )
+    return AnchorCheck(checks, tuple(problems))
