@@ -146,7 +146,8 @@ class _Supervisor:
 
     def idle_seconds(self) -> float:
         """Nothing to do now: wait for a nudge, or a while (a batch waiting for blocks is
-        polled a few times per block; with nothing open, claims are tried every block)."""
+        polled a few times per block; with nothing open, pending work is looked for as often,
+        by a plain read, and claimed only when there is some)."""
         interval = self.config.block_interval_seconds
         return max(self.poll_seconds, 0.05) if interval else 0.05
 
@@ -156,11 +157,14 @@ class _Supervisor:
         batches = await self.store.open_anchor_batches()
         if batches:
             return await self.advance(batches[0])
+        now = self.clock_ms()
+        if not await self.store.anchor_pending(now):
+            return False  # a plain read: claims (which take the log lock) only when there is work
         outcome = await self.append(
             Change(
                 "anchor.claimed",
                 None,
-                {"batchSize": self.config.batch_size, "availableAtMs": self.clock_ms()},
+                {"batchSize": self.config.batch_size, "availableAtMs": now},
             ),
             None,
         )
@@ -177,7 +181,10 @@ class _Supervisor:
         tree = tree_of(members)
         tx_id = batch.transaction_id
         if tx_id is None:
-            tx_id = await self.chain.submit(tree.root, key=f"batch-{batch.batch_id}")
+            # The key names the batch and its root: idempotent for this batch, and never
+            # confused with another database's batch of the same number on a shared chain.
+            key = f"batch-{batch.batch_id}-{tree.root[:16]}"
+            tx_id = await self.chain.submit(tree.root, key=key)
             await self.store.record_anchor_submission(batch.batch_id, tree.root, tx_id)
         status = await self.chain.status(tx_id)
         decision = settle(

@@ -30,16 +30,7 @@ def open_local_chain(path: Path | None) -> Iterator[LocalChain]:
     if path is None:
         yield LocalChain()
         return
-    events: list[dict[str, Any]] = []
-    if path.exists():
-        with path.open(encoding="utf-8") as lines:
-            for line in lines:
-                if line.strip():
-                    try:
-                        events.append(json.loads(line))
-                    except json.JSONDecodeError:  # a line cut by a crash: the rest is lost
-                        log.warning("local chain journal: ignoring a torn last line")
-                        break
+    events = _read_journal(path) if path.exists() else []
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a", encoding="utf-8") as journal:
 
@@ -48,6 +39,38 @@ def open_local_chain(path: Path | None) -> Iterator[LocalChain]:
             journal.flush()
 
         yield LocalChain.replay(events, journal=write)
+
+
+def _read_journal(path: Path) -> list[dict[str, Any]]:
+    """The journal's events, the journal repaired for appending: only the last line may be
+    torn (a write cut by a crash), and it is cut off, as a whole last event's missing newline
+    is restored, so that what is appended next starts a line of its own. An unreadable line
+    before the last is corruption, not a crash: refused rather than silently dropping every
+    event after it."""
+    data = path.read_bytes()
+    events: list[dict[str, Any]] = []
+    whole = 0  # the length of the prefix that holds whole events
+    for number, line in enumerate(data.splitlines(keepends=True), start=1):
+        if line.strip():
+            try:
+                event = json.loads(line)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                event = None
+            if not isinstance(event, dict):
+                if line.endswith(b"\n") or whole + len(line) < len(data):
+                    raise ValueError(f"local chain journal {path}: line {number} is corrupt")
+                log.warning("local chain journal: ignoring a torn last line")
+                break
+            events.append(event)
+        whole += len(line)
+    unterminated = whole > 0 and not data[:whole].endswith(b"\n")
+    if whole < len(data) or unterminated:
+        with path.open("r+b") as f:
+            f.truncate(whole)
+            if unterminated:
+                f.seek(whole)
+                f.write(b"\n")
+    return events
 
 
 class LocalChainClient:

@@ -109,7 +109,9 @@ class LocalChain:
         tx_id = _hash(f"tx:{key}:{root}")
         if self._drop:
             self._drop -= 1
-            self._by_key[key] = tx_id  # accepted, then lost: status says dropped
+            # Accepted, then lost: status says dropped, and so does a replay (journaled, or a
+            # restart would accept the key's resubmission as a new transaction).
+            self._apply({"op": "drop", "key": key, "tx": tx_id})
             return tx_id
         wait = self._delay.pop(0) if self._delay else 0
         self._apply({"op": "submit", "key": key, "root": root, "tx": tx_id, "wait": wait})
@@ -169,6 +171,8 @@ class LocalChain:
             tx = _Tx(event["tx"], event["root"], self.head + 1 + int(event["wait"]))
             self._txs[tx.tx_id] = tx
             self._by_key[event["key"]] = tx.tx_id
+        elif op == "drop":
+            self._by_key[event["key"]] = event["tx"]
         elif op == "block":
             height = self.head + 1
             block = _Block(height, _hash(f"{self._blocks[-1].hash}:{height}:{event['time']}"), 0)

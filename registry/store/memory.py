@@ -793,6 +793,13 @@ class MemoryStore:
             out.append(OpenBatch(batch.batch_id, batch.root, batch.transaction_id, members))
         return out
 
+    async def anchor_pending(self, available_at_ms: int) -> bool:
+        await self._call(write=False)
+        return any(
+            i.state == "pending" and i.available_ms <= available_at_ms
+            for i in self._tables.intents.values()
+        )
+
     async def record_anchor_submission(self, batch_id: int, root: str, transaction_id: str) -> None:
         await self._call(write=True)
         batch = self._tables.batches.get(batch_id)

@@ -412,6 +412,16 @@ class PgStore:
         return out
 
     @_seam
+    async def anchor_pending(self, available_at_ms: int) -> bool:
+        return bool(
+            await self._pool.fetchval(
+                "SELECT EXISTS (SELECT 1 FROM anchor_intents WHERE state = 'pending'"
+                " AND available_at <= to_timestamp($1 / 1000.0))",
+                available_at_ms,
+            )
+        )
+
+    @_seam
     async def record_anchor_submission(self, batch_id: int, root: str, transaction_id: str) -> None:
         await self._pool.execute(
             "UPDATE anchor_batches SET root = $2, transaction_id = $3, state = 'submitted'"
