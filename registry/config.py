@@ -9,6 +9,7 @@ import json
 import os
 import tomllib
 from collections.abc import Mapping
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -157,6 +158,26 @@ class PeerConfig(_Section):
         return _did_key(value)
 
 
+class BondsConfig(_Section):
+    """How a slashed amount is split (decimal strings; they must add up to exactly 1)."""
+
+    harmed_share: str = "0.5"
+    reporter_share: str = "0.3"
+    treasury_share: str = "0.2"
+
+    @model_validator(mode="after")
+    def _shares(self) -> BondsConfig:
+        try:
+            parts = [
+                Decimal(s) for s in (self.harmed_share, self.reporter_share, self.treasury_share)
+            ]
+        except InvalidOperation:
+            raise ValueError('bond shares must be decimal strings such as "0.5"') from None
+        if any(not p.is_finite() or p < 0 for p in parts) or sum(parts, Decimal(0)) != 1:
+            raise ValueError("bond shares must be non-negative and add up to exactly 1")
+        return self
+
+
 class FederationConfig(_Section):
     peers: list[PeerConfig] = Field(default_factory=list)
 
@@ -185,6 +206,7 @@ class Config(_Section):
     auth: AuthConfig = Field(default_factory=AuthConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     anchoring: AnchoringConfig = Field(default_factory=AnchoringConfig)
+    bonds: BondsConfig = Field(default_factory=BondsConfig)
     federation: FederationConfig = Field(default_factory=FederationConfig)
     events: EventsConfig = Field(default_factory=EventsConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from decimal import Decimal
 from functools import partial
 
 import trio
@@ -28,6 +29,7 @@ from registry.identity import IdentityResolver
 from registry.keys import SigningKey
 from registry.ratelimit import Rate
 from registry.store import Store
+from registry.trust import Shares
 from registry.usecases.anchors import Anchors
 from registry.usecases.common import now_ms
 from registry.usecases.discovery import Discovery
@@ -120,6 +122,11 @@ async def open_service(
             entries=entries,
             config=config,
             registry_did=key.did,
+            shares=Shares(
+                Decimal(config.bonds.harmed_share),
+                Decimal(config.bonds.reporter_share),
+                Decimal(config.bonds.treasury_share),
+            ),
         )
         deps = Deps(
             entries=entries,

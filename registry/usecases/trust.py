@@ -272,7 +272,7 @@ class Bonds:
                 code=code,
             )
             bond_id = body["bondId"]
-            if not isinstance(bond_id, str) or not trust.RECORD_ID.match(bond_id):
+            if not isinstance(bond_id, str) or not trust.RECORD_ID.fullmatch(bond_id):
                 raise Invalid(
                     "bondId must be 1-128 characters of A-Z a-z 0-9 . _ : -",
                     code=code,
@@ -280,7 +280,7 @@ class Bonds:
                 )
             amount = trust.parse_amount(body["amount"], "amount")
             currency = body["currency"]
-            if not isinstance(currency, str) or not trust.CURRENCY.match(currency):
+            if not isinstance(currency, str) or not trust.CURRENCY.fullmatch(currency):
                 raise Invalid(
                     "currency must match ^[A-Z0-9]{2,10}$", code=code, details={"field": "currency"}
                 )
@@ -579,6 +579,12 @@ class Reports:
                 bond_put, event = await self.bonds.slash_put(
                     bond_id, amount, str(doc["reason"]), str(row.owner_did)
                 )
+                if bond_put["entryDid"] != row.entry_did:
+                    raise Invalid(
+                        "the bond is not the reported entry's",
+                        code=code,
+                        details={"field": "slash.bondId"},
+                    )
                 puts.append(bond_put)
                 also = (Also("bond.slashed", bond_put["entryDid"], event),)
                 resolution["slash"] = {"amount": trust.format_amount(amount), "bondId": bond_id}

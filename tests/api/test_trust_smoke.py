@@ -152,3 +152,38 @@ async def test_attestation_report_bond_and_transfer_flows(
         "transfer.accepted",
     ]
     assert [r.seq for r in records] == list(range(records[0].seq, records[0].seq + len(records)))
+
+
+async def test_the_configured_shares_split_a_slash(database_url: str, tmp_path: Path) -> None:
+    admin = SigningKey.generate()
+    config = make_config(
+        database_url,
+        tmp_path,
+        auth={"admin_dids": [admin.did]},
+        bonds={"harmed_share": "0.6", "reporter_share": "0.25", "treasury_share": "0.15"},
+    )
+    async for h in open_harness(config):
+        owner = SigningKey.generate()
+        owner_t, admin_t = await sign_in(h.client, owner), await sign_in(h.client, admin)
+        did = (await _publish(h, owner, owner_t))["entryDid"]
+        bond = {
+            "amount": "10.00",
+            "bondId": f"bond-{did[-8:]}",
+            "currency": "EUR",
+            "entryDid": did,
+            "publisherDid": owner.did,
+        }
+        r = await h.client.post("/v1/admin/bonds", json=bond, headers=bearer(admin_t, **idem()))
+        assert r.status_code == 201, await r.get_data()
+        r = await h.client.post(
+            f"/v1/admin/bonds/{bond['bondId']}/slash",
+            json={"amount": "3.33", "reason": "spam", "reporterDid": owner.did},
+            headers=bearer(admin_t, **idem()),
+        )
+        assert r.status_code == 200, await r.get_data()
+        split = (await r.get_json())["slashHistory"][0]["distribution"]
+        assert split == {
+            "harmedPartiesShare": "1.99",
+            "reporterShare": "0.83",
+            "treasuryShare": "0.51",
+        }
