@@ -1,22 +1,57 @@
-"""The `registry` command: serve, migrate, keygen, login, publish, watch."""
+"""The `registry` command (docs/cli.md).
+
+Server: serve, migrate. Keys and sessions: keygen, login, logout. Entries: publish, update, get,
+versions, delete. Events: watch.
+
+A user's mistake (a malformed file, a stopped server, a port or data directory in use, an error
+answer from the registry) ends the command with one line on stderr — what happened and what to
+do — and a non-zero exit status; tracebacks are shown only with `registry --debug ...`.
+"""
 
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
 import os
+import socket
 import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
-from registry.config import Config, ConfigError, load_config
 from registry.keys import KeyFileError, SigningKey, read_key_file, write_key_file
 
+if TYPE_CHECKING:  # registry.config (pydantic) is imported only by the commands that need it
+    from api.client import RegistryClient, RegistryClientError
+    from registry.config import Config
+
 DEFAULT_URL = os.environ.get("REGISTRY_URL", "http://127.0.0.1:8080")
-SESSION_FILE = Path(
-    os.environ.get("REGISTRY_SESSION_FILE", "~/.registry-session.json")
-).expanduser()
+DEFAULT_SESSION_FILE = "~/.registry-session.json"
+SESSION_MARGIN_MS = 60_000  # a saved session this close to expiry is not reused
+
+EXIT_FAILED = 1  # the command could not do its work: refused, unreachable, in use
+EXIT_USAGE = 2  # the invocation or its input is wrong: options, configuration, key, entry file
+EXIT_INTERRUPTED = 130
+
+T = TypeVar("T")
+
+
+class CliError(Exception):
+    """A failure the user can act on: `registry: <message>` on stderr, then exit `status`."""
+
+    def __init__(self, message: str, status: int = EXIT_FAILED) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+# --- logging (serve, migrate) -------------------------------------------------------------------
 
 
 class JsonFormatter(logging.Formatter):
@@ -43,35 +78,104 @@ def _setup_logging(config: Config) -> None:
     logging.basicConfig(level=config.logging.level, handlers=[handler])
 
 
+# --- serve, migrate -----------------------------------------------------------------------------
+
+
 def _config(args: argparse.Namespace) -> Config:
-    server = {"host": args.host, "port": args.port, "data_dir": args.data_dir}
-    database = {"url": getattr(args, "database_url", None)}
+    from registry.config import load_config
+
+    server = {
+        "host": getattr(args, "host", None),
+        "port": getattr(args, "port", None),
+        "data_dir": args.data_dir,
+    }
+    database = {"url": args.database_url}
     return load_config(args.config, overrides={"server": server, "database": database})
 
 
+def _redacted(url: str) -> str:
+    """A database URL without its password."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def _check_port_free(host: str, port: int) -> None:
+    """Fail before anything starts if the listen address is taken (as Hypercorn binds it)."""
+    if port == 0:
+        return
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as exc:
+        raise CliError(f"cannot listen on {host}: {exc.strerror}; check --host") from None
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(address)
+        except OSError as exc:
+            raise _bind_error(host, port, exc) from None
+
+
+def _bind_error(host: str, port: int, exc: OSError) -> CliError:
+    if exc.errno == errno.EADDRINUSE:
+        return CliError(
+            f"port {port} on {host} is already in use (another registry or program listens"
+            " there); stop it, or choose another port with --port"
+        )
+    reason = exc.strerror or str(exc)
+    return CliError(
+        f"cannot listen on {host} port {port}: {reason[:1].lower()}{reason[1:]}; choose another"
+        " with --host/--port"
+    )
+
+
+def _check_data_dir_free(data_dir: Path) -> None:
+    """Fail before anything starts if another `serve` owns this data directory's embedded
+    database (the lock `service.serve` takes; the message is the one `serve` would give)."""
+    from service.serve import DataDirInUse, _own_data_dir
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        with _own_data_dir(data_dir):
+            pass
+    except DataDirInUse as exc:
+        raise CliError(str(exc)) from None
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
+    config = _config(args)
+    _check_port_free(config.server.host, config.server.port)
+    if not config.database.url:
+        _check_data_dir_free(config.server.data_dir)
+
     import trio
 
-    from service.serve import DataDirInUse, serve
+    from service.serve import serve
 
-    config = _config(args)
     _setup_logging(config)
     try:
         trio.run(serve, config)
-    except DataDirInUse as exc:
-        print(f"registry: {exc}", file=sys.stderr)
-        return 1
+    except BaseException as exc:  # the checks above can race: explain what `serve` met
+        failure = _server_failure(exc, config)
+        if failure is None:
+            raise
+        raise failure from exc
     return 0
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
+    config = _config(args)
+    if not config.database.url:
+        _check_data_dir_free(config.server.data_dir)
+
     import trio
     import trio_asyncio
 
     from registry.store.embedded import EmbeddedPostgres
     from registry.store.migrate import migrate
 
-    config = _config(args)
     _setup_logging(config)
 
     async def run() -> list[int]:
@@ -88,9 +192,50 @@ def cmd_migrate(args: argparse.Namespace) -> int:
                 if embedded is not None:
                     await trio.to_thread.run_sync(embedded.stop)
 
-    applied = trio.run(run)
+    try:
+        applied = trio.run(run)
+    except BaseException as exc:
+        failure = _server_failure(exc, config)
+        if failure is None:
+            raise
+        raise failure from exc
     print(f"applied {applied}" if applied else "up to date")
     return 0
+
+
+def _leaves(exc: BaseException) -> Iterator[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            yield from _leaves(inner)
+    else:
+        yield exc
+
+
+def _server_failure(exc: BaseException, config: Config) -> CliError | None:
+    """What `serve`/`migrate` met, as a `CliError` when it is something the user can fix;
+    None for anything else (a bug, Ctrl-C)."""
+    import asyncpg
+
+    from registry.store.embedded import EmbeddedPostgresError
+    from registry.store.migrate import MigrationError
+    from service.serve import DataDirInUse
+
+    for leaf in _leaves(exc):
+        if isinstance(leaf, DataDirInUse):
+            return CliError(str(leaf))
+        if isinstance(leaf, OSError) and leaf.errno == errno.EADDRINUSE:
+            return _bind_error(config.server.host, config.server.port, leaf)
+        if isinstance(leaf, MigrationError | EmbeddedPostgresError | KeyFileError):
+            return CliError(str(leaf))
+        if isinstance(leaf, asyncpg.PostgresError | OSError) and config.database.url:
+            return CliError(
+                f"cannot use the database at {_redacted(config.database.url)}:"
+                f" {leaf.__class__.__name__}: {leaf}; check --database-url (database.url)"
+            )
+    return None
+
+
+# --- keys and sessions --------------------------------------------------------------------------
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:
@@ -98,65 +243,391 @@ def cmd_keygen(args: argparse.Namespace) -> int:
     try:
         write_key_file(Path(args.out), key)
     except FileExistsError:
-        print(f"registry: {args.out} exists; not overwriting a key", file=sys.stderr)
-        return 1
+        raise CliError(f"{args.out} exists; not overwriting a key (choose another --out)") from None
+    except OSError as exc:
+        raise CliError(f"{args.out}: {exc.strerror}", EXIT_USAGE) from None
     print(key.did)
     return 0
 
 
+def session_file() -> Path:
+    """Where `registry login` saves sessions: $REGISTRY_SESSION_FILE, else the default."""
+    return Path(os.environ.get("REGISTRY_SESSION_FILE") or DEFAULT_SESSION_FILE).expanduser()
+
+
+def _url_key(url: str) -> str:
+    return url.rstrip("/")
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _load_sessions() -> list[dict[str, Any]]:
+    """The saved sessions; a missing or unreadable file is no sessions."""
+    try:
+        data = json.loads(session_file().read_text())
+    except (OSError, ValueError):
+        return []
+    if isinstance(data, dict) and isinstance(data.get("sessions"), list):
+        return [s for s in data["sessions"] if isinstance(s, dict) and s.get("sessionToken")]
+    if isinstance(data, dict) and data.get("sessionToken"):  # the earlier one-session format
+        return [{**data, "did": data.get("signerDid")}]
+    return []
+
+
+def _store_sessions(sessions: list[dict[str, Any]]) -> None:
+    """Write the session file atomically, mode 0600 (its tokens are credentials)."""
+    path = session_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    live = [s for s in sessions if int(s.get("expiresAtMs") or 0) > _now_ms()]
+    fd, tmp = tempfile.mkstemp(prefix=".registry-session-", dir=path.parent)  # mode 0600
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump({"sessions": live}, handle, indent=2)
+            handle.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def _save_session(url: str, result: dict[str, Any]) -> None:
-    fd = os.open(SESSION_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        json.dump({"url": url, **result}, handle)
+    did = result.get("signerDid")
+    kept = [
+        s
+        for s in _load_sessions()
+        if not (_url_key(str(s.get("url", ""))) == _url_key(url) and s.get("did") == did)
+    ]
+    saved = {
+        "url": _url_key(url),
+        "did": did,
+        "sessionToken": result["sessionToken"],
+        "expiresAtMs": result.get("expiresAtMs"),
+        "capabilities": result.get("capabilities", []),
+        "savedAtMs": _now_ms(),
+    }
+    _store_sessions([*kept, saved])
+
+
+def _forget_session(url: str, token: str) -> None:
+    sessions = _load_sessions()
+    kept = [
+        s
+        for s in sessions
+        if not (_url_key(str(s.get("url", ""))) == _url_key(url) and s["sessionToken"] == token)
+    ]
+    if len(kept) != len(sessions):
+        _store_sessions(kept)
+
+
+def saved_session(url: str, did: str | None = None) -> dict[str, Any] | None:
+    """The latest saved session for `url` (and the principal `did`, if given) that does not
+    expire within a minute."""
+    usable = [
+        s
+        for s in _load_sessions()
+        if _url_key(str(s.get("url", ""))) == _url_key(url)
+        and (did is None or s.get("did") == did)
+        and int(s.get("expiresAtMs") or 0) > _now_ms() + SESSION_MARGIN_MS
+    ]
+    return max(usable, key=lambda s: int(s.get("savedAtMs") or 0), default=None)
+
+
+def _read_key(path: str) -> SigningKey:
+    try:
+        return read_key_file(Path(path))
+    except KeyFileError as exc:
+        if isinstance(exc.__cause__, FileNotFoundError):
+            raise CliError(
+                f"{path}: no such key file; check --key, or make one with"
+                f" `registry keygen --out {path}`",
+                EXIT_USAGE,
+            ) from exc
+        if isinstance(exc.__cause__, OSError):
+            raise CliError(f"{path}: {exc.__cause__.strerror}; check --key", EXIT_USAGE) from exc
+        raise CliError(f"{exc}: not a key file made by `registry keygen`", EXIT_USAGE) from exc
+
+
+def _key(args: argparse.Namespace) -> SigningKey | None:
+    return _read_key(args.key) if args.key else None
+
+
+@contextmanager
+def _client(args: argparse.Namespace) -> Iterator[RegistryClient]:
+    from api.client import RegistryClient
+
+    with RegistryClient(args.url) as client:
+        yield client
+
+
+def _as_principal(
+    args: argparse.Namespace,
+    client: RegistryClient,
+    key: SigningKey | None,
+    call: Callable[[], T],
+) -> T:
+    """Run `call` signed in: with the saved session of `key`'s DID (any saved session for the
+    URL without a key) while it lasts; else, or when the registry refuses it, sign in with
+    `key`."""
+    from api.client import RegistryClientError
+
+    saved = saved_session(args.url, key.did if key else None)
+    if saved is None:
+        if key is None:
+            raise CliError(
+                f"no saved session for {_url_key(args.url)}; pass --key FILE, or sign in first"
+                f" with `registry login --key FILE --url {_url_key(args.url)}`",
+                EXIT_USAGE,
+            )
+        client.sign_in(key)
+        return call()
+    client.token = str(saved["sessionToken"])
+    try:
+        return call()
+    except RegistryClientError as exc:
+        if exc.status != 401:
+            raise
+        _forget_session(args.url, client.token)  # expired early, revoked, or another database
+        if key is None:
+            raise CliError(
+                f"the session saved for {_url_key(args.url)} is no longer valid; sign in again"
+                f" with `registry login --key FILE --url {_url_key(args.url)}`, or pass --key"
+            ) from None
+        client.sign_in(key)
+        return call()
 
 
 def cmd_login(args: argparse.Namespace) -> int:
-    from api.client import RegistryClient
-
-    key = read_key_file(Path(args.key))
-    with RegistryClient(args.url) as client:
+    key = _read_key(args.key)
+    with _client(args) as client:
         result = client.sign_in(key)
     _save_session(args.url, result)
     print(json.dumps({k: v for k, v in result.items() if k != "sessionToken"}, indent=2))
-    print(f"session saved to {SESSION_FILE}", file=sys.stderr)
+    expires = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(result["expiresAtMs"] / 1000))
+    print(f"session saved to {session_file()} (until {expires})", file=sys.stderr)
     return 0
+
+
+def cmd_logout(args: argparse.Namespace) -> int:
+    from api.client import RegistryClientError
+
+    key = _key(args)
+    mine = [
+        s
+        for s in _load_sessions()
+        if _url_key(str(s.get("url", ""))) == _url_key(args.url)
+        and (key is None or s.get("did") == key.did)
+    ]
+    if not mine:
+        print(f"no saved session for {_url_key(args.url)}", file=sys.stderr)
+        return 0
+    with _client(args) as client:
+        for session in mine:
+            client.token = str(session["sessionToken"])
+            try:
+                client.logout()
+            except RegistryClientError as exc:
+                if exc.status != 401:  # 401: already expired or revoked, nothing to revoke
+                    raise
+            _forget_session(args.url, str(session["sessionToken"]))
+            print(f"logged out {session.get('did')} from {_url_key(args.url)}", file=sys.stderr)
+    return 0
+
+
+# --- entries ------------------------------------------------------------------------------------
+
+
+def _read_entry(path: str) -> dict[str, Any]:
+    """ENTRY.json: one JSON object under the registry's input rules, with entryDid and itemData."""
+    from registry.canonical import parse_strict
+    from registry.errors import Invalid
+
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        raise CliError(f"{path}: {exc.strerror}", EXIT_USAGE) from None
+    try:
+        entry = parse_strict(raw)
+    except Invalid as exc:
+        raise CliError(f"{path}: {exc.message}; fix the file and retry", EXIT_USAGE) from None
+    if not isinstance(entry, dict):
+        raise CliError(f"{path}: an entry is a JSON object, not {type(entry).__name__}", EXIT_USAGE)
+    missing = [m for m in ("entryDid", "itemData") if m not in entry]
+    if missing:
+        raise CliError(f"{path}: the entry has no {' and no '.join(missing)}", EXIT_USAGE)
+    if not isinstance(entry["entryDid"], str):
+        raise CliError(f"{path}: entryDid must be a string (a DID)", EXIT_USAGE)
+    return entry
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, indent=2, ensure_ascii=False))
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
-    from api.client import RegistryClient
-    from registry.canonical import parse_strict
+    from api.client import RegistryClientError
 
-    key = read_key_file(Path(args.key))
-    entry = parse_strict(Path(args.entry).read_bytes())
-    with RegistryClient(args.url) as client:
-        client.sign_in(key)
-        result = client.publish(entry, key)
-    print(json.dumps(result, indent=2, ensure_ascii=False))
+    entry = _read_entry(args.entry)
+    key = _read_key(args.key)
+    with _client(args) as client:
+        try:
+            result = _as_principal(args, client, key, lambda: client.publish(entry, key))
+        except RegistryClientError as exc:
+            if exc.code != "entry_exists":
+                raise
+            did = entry["entryDid"]
+            try:
+                client.get(did)
+            except RegistryClientError as gone:
+                if gone.code != "entry_not_found":
+                    raise
+                raise CliError(
+                    f"{did} was deleted, and a deleted DID is never reused; publish under"
+                    " another entryDid"
+                ) from None
+            raise CliError(
+                f"{did} already exists; to publish a new version run"
+                f" `registry update {args.entry} --key {args.key}`"
+            ) from None
+    _print_json(result)
     return 0
 
 
-def _saved_token(url: str) -> str | None:
-    """The session token `registry login` saved for this URL, if any."""
-    try:
-        saved = json.loads(SESSION_FILE.read_text())
-    except (OSError, ValueError):
-        return None
-    token = saved.get("sessionToken") if saved.get("url") == url else None
-    return str(token) if token else None
+def cmd_update(args: argparse.Namespace) -> int:
+    from api.client import RegistryClientError
+
+    entry = _read_entry(args.entry)
+    key = _read_key(args.key)
+    did = entry["entryDid"]
+    with _client(args) as client:
+        based_on = args.based_on
+        if based_on is None:
+            try:
+                based_on = int(client.get(did)["sequence"])
+            except RegistryClientError as exc:
+                if exc.code == "entry_not_found":
+                    raise CliError(
+                        f"{did} does not exist at {_url_key(args.url)} (or was deleted); create"
+                        " it with"
+                        f" `registry publish {args.entry} --key {args.key}`"
+                    ) from None
+                raise
+
+        base: int = based_on
+
+        def put() -> dict[str, Any]:
+            return client.update(entry, key, based_on=base)
+
+        try:
+            result = _as_principal(args, client, key, put)
+        except RegistryClientError as exc:
+            if exc.code == "sequence_conflict":
+                latest = exc.details.get("latestSequence", "newer")
+                raise CliError(
+                    f"{did} changed since sequence {based_on} (latest: {latest}); check"
+                    f" `registry versions {did}` and update again"
+                ) from None
+            if exc.code == "lifecycle_conflict":
+                raise CliError(
+                    f'{exc.message}; set "lifecycleStatus" in {args.entry} (an entry without'
+                    " it is a draft)"
+                ) from None
+            raise
+    _print_json(result)
+    return 0
+
+
+def cmd_get(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        if args.sequence is None:
+            result = client.get(args.did)
+        else:
+            result = client.version(args.did, args.sequence)
+    _print_json(result)
+    return 0
+
+
+def _versions_table(versions: list[dict[str, Any]]) -> list[str]:
+    rows = [("SEQUENCE", "VERSION", "STATUS", "UPDATED", "NAME")]
+    for v in versions:
+        rows.append(
+            (
+                str(v.get("sequence", "")),
+                str(v.get("version", "")),
+                str(v.get("lifecycleStatus", "draft")),
+                str(v.get("updatedAt", "")),
+                str(v.get("name", "")),
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    return [
+        "  ".join([*(cell.ljust(width) for cell, width in zip(row, widths, strict=False)), row[4]])
+        for row in rows
+    ]
+
+
+def cmd_versions(args: argparse.Namespace) -> int:
+    printed: list[dict[str, Any]] = []
+    cursor: str | None = args.cursor
+    more = False
+    with _client(args) as client:
+        while args.limit is None or len(printed) < args.limit:
+            want = None if args.limit is None else args.limit - len(printed)
+            page = client.versions(args.did, limit=want, cursor=cursor)
+            taken = page["versions"][:want] if want is not None else page["versions"]
+            printed += taken
+            more = bool(page.get("hasMore")) or len(taken) < len(page["versions"])
+            if not page.get("hasMore") or page.get("cursor") is None:
+                break
+            cursor = str(page["cursor"])
+    if args.json:
+        for version in printed:
+            print(json.dumps(version, ensure_ascii=False))
+    else:
+        print("\n".join(_versions_table(printed)))
+    if more and printed:
+        last = printed[-1]["sequence"]
+        print(
+            f"more versions below sequence {last}: continue with --cursor {last}", file=sys.stderr
+        )
+    return 0
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    key = _key(args)
+    with _client(args) as client:
+        result = _as_principal(args, client, key, lambda: client.delete(args.did))
+    _print_json(result)
+    return 0
+
+
+# --- events -------------------------------------------------------------------------------------
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
+    import httpx
     import trio
 
     from ws.watch import Watcher, WatchError, WatchOptions
 
+    # The watch retries after a disconnect; a registry that is not there at all is a mistake.
+    base = _url_key(args.url)
+    for secure, plain in (("wss://", "https://"), ("ws://", "http://")):
+        if base.startswith(secure):
+            base = plain + base[len(secure) :]
+    httpx.get(f"{base}/v1/health", timeout=10)
+    saved = saved_session(args.url)
+    token = os.environ.get("REGISTRY_SESSION_TOKEN") or None
+    if token is None and saved is not None:
+        token = str(saved["sessionToken"])
     options = WatchOptions(
         url=args.url,
         from_sequence=args.from_sequence,
         kinds=args.kind,
         entry_types=args.entry_type,
         entry_dids=args.did,
-        token=os.environ.get("REGISTRY_SESSION_TOKEN") or _saved_token(args.url),
+        token=token,
         max_events=args.max_events,
     )
 
@@ -166,84 +637,338 @@ def cmd_watch(args: argparse.Namespace) -> int:
     try:
         trio.run(Watcher(options, out).run)
     except WatchError as exc:
-        print(f"registry watch: {exc}", file=sys.stderr)
-        return 1
+        raise CliError(f"watch: {exc}") from None
     return 0
+
+
+# --- errors -------------------------------------------------------------------------------------
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _transport_reason(exc: Exception) -> str:
+    import httpx
+
+    if isinstance(exc, httpx.TimeoutException):
+        return "no answer in time"
+    text = str(exc) or type(exc).__name__
+    if text.startswith("[Errno"):
+        text = text.partition("] ")[2] or text
+    return text[:1].lower() + text[1:]
+
+
+def explain(exc: BaseException, args: argparse.Namespace) -> tuple[str, int]:
+    """The one line and exit status for an error, or raise it again if it is not one a user
+    can act on (a bug: `main` reports those too, without the traceback unless --debug)."""
+    import httpx
+
+    from api.client import RegistryClientError
+    from registry.config import ConfigError
+
+    url = _url_key(getattr(args, "url", "") or "")
+    if isinstance(exc, CliError):
+        return _one_line(str(exc)), exc.status
+    if isinstance(exc, ConfigError):
+        return str(exc), EXIT_USAGE  # one line per invalid key (docs/configuration.md)
+    if isinstance(exc, KeyFileError):
+        return f"{_one_line(str(exc))}; check --key (make one with `registry keygen`)", EXIT_USAGE
+    if isinstance(exc, httpx.UnsupportedProtocol | httpx.InvalidURL):
+        return f"--url {url!r} is not an http(s) URL of a registry", EXIT_USAGE
+    if isinstance(exc, httpx.TransportError):
+        return (
+            f"cannot reach the registry at {url} ({_transport_reason(exc)}); is `registry serve`"
+            " running there? Name another with --url (or REGISTRY_URL)"
+        ), EXIT_FAILED
+    if isinstance(exc, RegistryClientError):
+        return _client_error(exc, url, getattr(args, "did", None)), EXIT_FAILED
+    if isinstance(exc, OSError) and exc.filename:  # e.g. the session file cannot be written
+        return f"{exc.filename}: {exc.strerror}", EXIT_FAILED
+    raise exc
+
+
+def _client_error(exc: RegistryClientError, url: str, did: str | None) -> str:
+    if exc.code is None:
+        return f"{url} answered HTTP {exc.status}, which is not a registry answer; check --url"
+    line = f"{exc.status} {exc.code}: {_one_line(exc.message)}"
+    hints = {
+        "session_invalid": "sign in again with `registry login --key FILE`",
+        "capability_missing": "this key's session lacks the capability"
+        f" {exc.details.get('capability', '')}".rstrip(),
+        "publisher_mismatch": "only the entry's publisher (or an admin) may change it: check --key",
+    }
+    if exc.code in hints:
+        line += f"; {hints[exc.code]}"
+    if exc.code in ("entry_not_found", "version_not_found") and isinstance(did, str):
+        line += f" ({did} at {url})"
+    if exc.code in ("read_rate_limited", "write_rate_limited"):
+        line += f"; retry in {int(float(exc.details.get('retryAfterSeconds', 1)) + 1)} s"
+    return line
+
+
+# --- the command line ---------------------------------------------------------------------------
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+class _Formatter(argparse.HelpFormatter):
+    """Help texts may name the configuration's defaults as `{server.<key>}`."""
+
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, max_help_position=32)
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = super()._get_help_string(action)
+        if text and "{server." in text:
+            from registry.config import ServerConfig
+
+            defaults = ServerConfig()
+            for name in ("host", "port", "data_dir"):
+                text = text.replace(f"{{server.{name}}}", str(getattr(defaults, name)))
+        return text
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="registry", description="A federated registry of signed entries."
+        prog="registry",
+        description="A registry of signed entries: run it, and publish, update, read and delete"
+        " entries. Documentation: docs/cli.md.",
+        epilog="Exit status: 0 done; 1 the command failed (an error answer, the registry cannot"
+        " be reached, a port or data directory in use); 2 bad usage or input (options,"
+        " configuration, key file, entry file); 130 interrupted.",
+        formatter_class=_Formatter,
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        help="show the traceback of an error, not just its one line (default: off)",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def server_flags(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--config", type=Path, help="TOML configuration file (or REGISTRY_CONFIG)")
-        p.add_argument("--host", help="listen address [server.host]")
-        p.add_argument("--port", type=int, help="listen port [server.port]")
-        p.add_argument("--data-dir", type=Path, help="key, embedded PostgreSQL [server.data_dir]")
-        p.add_argument("--database-url", help="PostgreSQL URL; empty: embedded [database.url]")
+    def command(name: str, help: str, description: str = "") -> argparse.ArgumentParser:
+        p = sub.add_parser(
+            name, help=help, description=description or help, formatter_class=_Formatter
+        )
+        p.add_argument(  # also accepted after the command; SUPPRESS keeps the global value
+            "--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS
+        )
+        return p
 
-    p = sub.add_parser("serve", help="run the registry (embedded PostgreSQL unless a URL is set)")
-    server_flags(p)
+    def database_flags(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--config",
+            type=Path,
+            metavar="FILE",
+            help="TOML configuration file (default: $REGISTRY_CONFIG, else none: built-in"
+            " defaults and REGISTRY_<SECTION>__<KEY> variables; docs/configuration.md)",
+        )
+        p.add_argument(
+            "--data-dir",
+            type=Path,
+            metavar="DIR",
+            help="the registry key and the embedded PostgreSQL (default: server.data_dir,"
+            " {server.data_dir})",
+        )
+        p.add_argument(
+            "--database-url",
+            metavar="URL",
+            help="postgresql:// URL of the database (default: database.url; empty: an embedded"
+            " PostgreSQL in the data directory)",
+        )
+
+    def url_flag(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--url",
+            default=DEFAULT_URL,
+            help="the registry's base URL (default: %(default)s; $REGISTRY_URL sets it)",
+        )
+
+    def key_flag(p: argparse.ArgumentParser, required: bool, what: str) -> None:
+        p.add_argument("--key", required=required, metavar="FILE", help=what)
+
+    # serve, migrate
+    p = command("serve", "run the registry (embedded PostgreSQL unless a database URL is set)")
+    database_flags(p)
+    p.add_argument("--host", help="listen address (default: server.host, {server.host})")
+    p.add_argument("--port", type=int, help="listen port (default: server.port, {server.port})")
     p.set_defaults(func=cmd_serve)
-    p = sub.add_parser("migrate", help="apply database migrations and exit")
-    server_flags(p)
-    p.set_defaults(func=cmd_migrate)
-    p = sub.add_parser("keygen", help="write a new Ed25519 key file and print its did:key")
-    p.add_argument("--out", required=True, help="key file to create (mode 0600)")
-    p.set_defaults(func=cmd_keygen)
-    p = sub.add_parser("login", help="sign in with a key file; saves the session token")
-    p.add_argument("--key", required=True)
-    p.add_argument("--url", default=DEFAULT_URL)
-    p.set_defaults(func=cmd_login)
-    p = sub.add_parser("publish", help="sign ENTRY.json with a key file and publish it")
-    p.add_argument("entry")
-    p.add_argument("--key", required=True)
-    p.add_argument("--url", default=DEFAULT_URL)
-    p.set_defaults(func=cmd_publish)
-    p = sub.add_parser(
-        "watch",
-        help="print the event stream as JSON lines; resumes after a disconnect",
-        description="Follow /v1/events and print each event as one JSON line. After a"
-        " disconnect it reconnects with backoff and resumes after the last sequence it saw."
-        " Admin-only kinds use REGISTRY_SESSION_TOKEN or the session saved by `registry login`.",
+    p = command(
+        "migrate",
+        "apply pending database migrations and exit",
+        "Apply pending database migrations and exit (`serve` also does this on every start).",
     )
-    p.add_argument("--url", default=DEFAULT_URL, help="registry base URL (default: %(default)s)")
+    database_flags(p)
+    p.set_defaults(func=cmd_migrate)
+
+    # keys and sessions
+    p = command("keygen", "write a new Ed25519 key file and print its did:key")
+    p.add_argument(
+        "--out",
+        required=True,
+        metavar="FILE",
+        help="key file to create, mode 0600 (required; an existing file is never overwritten)",
+    )
+    p.set_defaults(func=cmd_keygen)
+    p = command(
+        "login",
+        "sign in with a key file and save the session for later commands",
+        "Sign in with a key file and save the session (token included, mode 0600) to"
+        f" $REGISTRY_SESSION_FILE, else {DEFAULT_SESSION_FILE}. publish, update, delete and"
+        " watch reuse it for the same --url until it expires.",
+    )
+    key_flag(p, True, "key file to sign in with (required)")
+    url_flag(p)
+    p.set_defaults(func=cmd_login)
+    p = command(
+        "logout",
+        "revoke and forget the saved sessions for --url",
+        "Revoke the sessions saved by `registry login` for --url (those of --key's DID only,"
+        " if given) and remove them from the session file.",
+    )
+    key_flag(p, False, "only the session of this key's DID (default: every saved one)")
+    url_flag(p)
+    p.set_defaults(func=cmd_logout)
+
+    # entries
+    p = command(
+        "publish",
+        "sign ENTRY.json with a key file and create the entry",
+        "Sign ENTRY.json with --key (fills publisherDid, itemDataHash, signature) and create the"
+        " entry. Uses the session `registry login` saved for this key and --url, else signs in"
+        " with the key. Prints the entry as served. An existing DID is refused: use `update`.",
+    )
+    p.add_argument("entry", metavar="ENTRY.json", help="the unsigned entry")
+    key_flag(p, True, "the publisher's key file (required)")
+    url_flag(p)
+    p.set_defaults(func=cmd_publish)
+    p = command(
+        "update",
+        "sign ENTRY.json as the entry's next version and replace the latest",
+        "Sign ENTRY.json with --key as a new version of its entryDid, based on the entry's"
+        " current sequence (fetched first) or on --based-on, and put it. Uses the saved session"
+        " like publish. Prints the new version.",
+    )
+    p.add_argument("entry", metavar="ENTRY.json", help="the new version, unsigned")
+    key_flag(p, True, "the publisher's key file (required)")
+    p.add_argument(
+        "--based-on",
+        type=int,
+        metavar="SEQUENCE",
+        help="the sequence of the version this one replaces; refused if the entry changed"
+        " since (default: the entry's current sequence)",
+    )
+    url_flag(p)
+    p.set_defaults(func=cmd_update)
+    p = command("get", "print an entry's latest version (or one version) as JSON")
+    p.add_argument("did", metavar="DID", help="the entry's DID")
+    p.add_argument(
+        "--sequence",
+        type=int,
+        metavar="N",
+        help="print the version with this sequence (default: the latest)",
+    )
+    url_flag(p)
+    p.set_defaults(func=cmd_get)
+    p = command(
+        "versions",
+        "list an entry's versions, newest first",
+        "List an entry's versions, newest first, following the pages. Prints a table, or one"
+        " JSON object per line with --json. When --limit stops before the end, the command to"
+        " continue is printed on stderr.",
+    )
+    p.add_argument("did", metavar="DID", help="the entry's DID")
+    p.add_argument(
+        "--limit", type=_positive, metavar="N", help="print at most N versions (default: all)"
+    )
+    p.add_argument(
+        "--cursor",
+        metavar="SEQUENCE",
+        help="start below this sequence, e.g. the last one printed (default: the newest)",
+    )
+    p.add_argument(
+        "--json", action="store_true", help="one JSON object per line (default: a table)"
+    )
+    url_flag(p)
+    p.set_defaults(func=cmd_versions)
+    p = command(
+        "delete",
+        "delete an entry (a tombstone; the DID is never reused)",
+        "Delete an entry: the registry writes a tombstone, answers it, and never serves or"
+        " reuses the DID again. Allowed to its publisher or an admin.",
+    )
+    p.add_argument("did", metavar="DID", help="the entry's DID")
+    key_flag(
+        p,
+        False,
+        "the key file to sign in with, unless a session saved for its DID is valid (default:"
+        " none: the latest session `registry login` saved for --url)",
+    )
+    url_flag(p)
+    p.set_defaults(func=cmd_delete)
+
+    # events
+    p = command(
+        "watch",
+        "print the event stream as JSON lines; resumes after a disconnect",
+        "Follow /v1/events and print each event as one JSON line. After a disconnect it"
+        " reconnects with backoff and resumes after the last sequence it saw. Admin-only kinds"
+        " use REGISTRY_SESSION_TOKEN or the session saved by `registry login`.",
+    )
+    url_flag(p)
     p.add_argument(
         "--from",
         dest="from_sequence",
         type=int,
         metavar="N",
-        help="replay the log after sequence N (0: from the start); default: from now on",
+        help="replay the log after sequence N, 0: from the start (default: from now on)",
     )
-    p.add_argument("--kind", action="append", help="only this event kind (repeatable)")
-    p.add_argument("--entry-type", action="append", help="only this entry type (repeatable)")
-    p.add_argument("--did", action="append", help="only this entry DID (repeatable)")
-    p.add_argument("--max-events", type=int, metavar="N", help="exit after N events")
+    p.add_argument(
+        "--kind", action="append", help="only this event kind, repeatable (default: all)"
+    )
+    p.add_argument(
+        "--entry-type",
+        action="append",
+        metavar="TYPE",
+        help="only this entry type, repeatable (default: all)",
+    )
+    p.add_argument("--did", action="append", help="only this entry DID, repeatable (default: all)")
+    p.add_argument(
+        "--max-events", type=int, metavar="N", help="exit after N events (default: never)"
+    )
     p.set_defaults(func=cmd_watch)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    debug = bool(getattr(args, "debug", False))
     try:
         return int(args.func(args))
-    except ConfigError as exc:
-        print(f"registry: {exc}", file=sys.stderr)
-        return 2
-    except KeyFileError as exc:
-        print(f"registry: {exc}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
-        return 130
-    except Exception as exc:  # the CLI's user sees one line, not a traceback
-        from api.client import RegistryClientError
-
-        if isinstance(exc, RegistryClientError | OSError):
-            print(f"registry: {exc}", file=sys.stderr)
-            return 1
-        raise
+        return EXIT_INTERRUPTED
+    except Exception as exc:
+        if debug:
+            traceback.print_exc()
+        try:
+            line, status = explain(exc, args)
+        except Exception:
+            leaf = next((e for e in _leaves(exc) if isinstance(e, Exception)), exc)
+            line = (
+                f"unexpected error: {type(leaf).__name__}: {_one_line(str(leaf))} (a bug; run"
+                " `registry --debug ...` for the traceback)"
+            )
+            status = EXIT_FAILED
+        print(f"registry: {line}", file=sys.stderr)
+        return status
 
 
 if __name__ == "__main__":

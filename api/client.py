@@ -6,29 +6,51 @@ key = read_key_file(Path("me.key"))
 with RegistryClient("http://127.0.0.1:8080") as client:
     client.sign_in(key)
     entry = client.publish({...unsigned entry...}, key)
+    entry = client.update({**entry, "version": "1.0.1"}, key, based_on=entry["sequence"])
+    for version in client.iter_versions(entry["entryDid"]):   # newest first, every page
+        ...
+    client.delete(entry["entryDid"])
+
+Every mutation carries a fresh `Idempotency-Key` unless one is given. An error answer raises
+`RegistryClientError` (its `status`, `code` and `body`); a registry that cannot be reached raises
+httpx's `TransportError` (`ConnectError`, `TimeoutException`, ...).
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
-from registry.entries import sign_entry
 from registry.keys import SigningKey
-from registry.signin import build_response
 
 
 class RegistryClientError(Exception):
-    """The registry answered with an error; `status` and the `ErrorResponse` body are kept."""
+    """The registry answered with an error; `status` and the `ErrorResponse` body are kept.
+
+    `code` and `message` come from the body's `error` member; an answer that is not an
+    `ErrorResponse` (or a success that is not JSON: not a registry) has `code` None."""
 
     def __init__(self, status: int, body: Any) -> None:
-        error = body.get("error", {}) if isinstance(body, dict) else {}
-        super().__init__(f"{status} {error.get('code', '')}: {error.get('message', body)}")
+        error = body.get("error") if isinstance(body, dict) else None
+        error = error if isinstance(error, dict) else {}
         self.status = status
         self.body = body
-        self.code = error.get("code")
+        self.code: str | None = error.get("code")
+        self.details: dict[str, Any] = error.get("details") or {}
+        if self.code is not None:
+            self.message = str(error.get("message", ""))
+        else:
+            self.message = "the answer is not a registry ErrorResponse"
+        super().__init__(f"{status} {self.code or ''}: {self.message}")
+
+
+def entry_path(did: str) -> str:
+    """`/v1/entries/{did}`, the DID percent-encoded as one path segment (`%` as `%25`)."""
+    return "/v1/entries/" + quote(did, safe=":")
 
 
 class RegistryClient:
@@ -41,9 +63,8 @@ class RegistryClient:
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         self.token = token
-        self._http = httpx.Client(
-            base_url=base_url.rstrip("/"), timeout=timeout, transport=transport
-        )
+        self.base_url = base_url.rstrip("/")
+        self._http = httpx.Client(base_url=self.base_url, timeout=timeout, transport=transport)
 
     def __enter__(self) -> RegistryClient:
         return self
@@ -65,12 +86,20 @@ class RegistryClient:
             body = response.json()
         except ValueError:
             body = response.text
+            if response.status_code < 400:  # every registry answer is JSON: this is not one
+                raise RegistryClientError(response.status_code, body) from None
         if response.status_code >= 400:
             raise RegistryClientError(response.status_code, body)
         return body
 
+    @staticmethod
+    def _idem(idempotency_key: str | None) -> dict[str, str]:
+        return {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+
     def sign_in(self, key: SigningKey, audience: str = "registry-client") -> dict[str, Any]:
         """Challenge → sign → verify; keeps the session token for later calls."""
+        from registry.signin import build_response  # pydantic models: not for plain reads
+
         challenge = self._request("POST", "/v1/auth/siws/challenge", json={"audience": audience})[
             "challenge"
         ]
@@ -90,28 +119,90 @@ class RegistryClient:
         result: dict[str, Any] = self._request("GET", "/v1/auth/session")
         return result
 
+    def logout(self, *, idempotency_key: str | None = None) -> dict[str, Any]:
+        """Revoke this client's session; the token is forgotten."""
+        result: dict[str, Any] = self._request(
+            "POST", "/v1/auth/logout", idempotent=True, headers=self._idem(idempotency_key)
+        )
+        self.token = None
+        return result
+
     def publish(
         self, entry: dict[str, Any], key: SigningKey, *, idempotency_key: str | None = None
     ) -> dict[str, Any]:
         """Sign `entry` with `key` (fills publisherDid, itemDataHash, signature) and create it."""
+        from registry.entries import sign_entry
+
         signed = sign_entry(entry, key)
-        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
         result: dict[str, Any] = self._request(
-            "POST", "/v1/entries", idempotent=True, json=signed, headers=headers
+            "POST", "/v1/entries", idempotent=True, json=signed, headers=self._idem(idempotency_key)
         )
         return result
 
-    def update(self, entry: dict[str, Any], key: SigningKey, *, based_on: int) -> dict[str, Any]:
+    def update(
+        self,
+        entry: dict[str, Any],
+        key: SigningKey,
+        *,
+        based_on: int,
+        idempotency_key: str | None = None,
+    ) -> dict[str, Any]:
+        """Sign `entry` as the version after sequence `based_on` and replace the latest with it
+        (`409 sequence_conflict` if `based_on` is no longer the latest)."""
+        from registry.entries import sign_entry
+
         signed = sign_entry({**entry, "sequence": based_on}, key)
         result: dict[str, Any] = self._request(
-            "PUT", f"/v1/entries/{entry['entryDid']}", idempotent=True, json=signed
+            "PUT",
+            entry_path(entry["entryDid"]),
+            idempotent=True,
+            json=signed,
+            headers=self._idem(idempotency_key),
         )
         return result
 
     def get(self, did: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._request("GET", f"/v1/entries/{did}")
+        """The latest version of an entry."""
+        result: dict[str, Any] = self._request("GET", entry_path(did))
         return result
 
-    def delete(self, did: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._request("DELETE", f"/v1/entries/{did}", idempotent=True)
+    def version(self, did: str, sequence: int) -> dict[str, Any]:
+        """One version of an entry, by its `sequence`."""
+        result: dict[str, Any] = self._request("GET", f"{entry_path(did)}/versions/{sequence}")
+        return result
+
+    def versions(
+        self, did: str, *, limit: int | None = None, cursor: str | None = None
+    ) -> dict[str, Any]:
+        """One page of versions, newest first: `{entryDid, versions, cursor?, hasMore,
+        totalCount}`. Pass the page's `cursor` back for the next one."""
+        params: dict[str, str | int] = {}
+        if limit is not None:
+            params["limit"] = limit
+        if cursor is not None:
+            params["cursor"] = cursor
+        result: dict[str, Any] = self._request("GET", f"{entry_path(did)}/versions", params=params)
+        return result
+
+    def iter_versions(
+        self, did: str, *, page_size: int | None = None, cursor: str | None = None
+    ) -> Iterator[dict[str, Any]]:
+        """Every version (after `cursor`, if given), newest first, following the pages."""
+        while True:
+            page = self.versions(did, limit=page_size, cursor=cursor)
+            yield from page["versions"]
+            if not page.get("hasMore") or page.get("cursor") is None:
+                return
+            cursor = str(page["cursor"])
+
+    def lineage(self, did: str) -> dict[str, Any]:
+        """`{entryDid, lineage}`: the `lineageReference` of the latest version, or null."""
+        result: dict[str, Any] = self._request("GET", f"{entry_path(did)}/lineage")
+        return result
+
+    def delete(self, did: str, *, idempotency_key: str | None = None) -> dict[str, Any]:
+        """Delete an entry (publisher or admin): answers the tombstone; the DID is never reused."""
+        result: dict[str, Any] = self._request(
+            "DELETE", entry_path(did), idempotent=True, headers=self._idem(idempotency_key)
+        )
         return result

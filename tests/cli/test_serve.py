@@ -1,0 +1,159 @@
+"""`registry serve` and `registry migrate` refuse what cannot work in one line (a port in use, a
+data directory in use, a database that is not there); the help of every command; a
+`max_page_size` below the default page size."""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import re
+import shutil
+import socket
+from pathlib import Path
+
+import httpx
+import pytest
+
+from api.cli import _server_failure, build_parser
+from registry.config import ConfigError, load_config
+from registry.keys import SigningKey
+from service.serve import DataDirInUse
+from tests.cli.cli_support import Cli
+from tests.db.proc import Server, free_port, run_server
+from tests.helpers import entry_template
+
+
+def test_serve_on_a_port_in_use(tmp_path: Path, database_url: str) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        ran = Cli(tmp_path)(
+            *("serve", "--port", port, "--data-dir", tmp_path / "data"),
+            *("--database-url", database_url),
+        )
+    assert ran.error_line() == (
+        f"registry: port {port} on 127.0.0.1 is already in use (another registry or program"
+        " listens there); stop it, or choose another port with --port"
+    )
+
+
+def test_a_second_serve_or_migrate_on_a_data_dir_in_use(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    with run_server(data_dir) as first:  # the embedded PostgreSQL of data_dir
+        cli = Cli(tmp_path)
+        expected = (
+            f"registry: {data_dir} is in use by a running registry (pid {first.proc.pid}); give"
+            " this one its own --data-dir, or a --database-url to share a database"
+        )
+        second = cli("serve", "--port", free_port(), "--data-dir", data_dir)
+        assert second.error_line() == expected
+        assert cli("migrate", "--data-dir", data_dir).error_line() == expected
+        assert httpx.get(f"{first.url}/v1/health", timeout=10).status_code == 200
+    location = data_dir / "postgres.location"
+    if location.exists():  # the root fallback lives outside tmp_path: remove it
+        shutil.rmtree(location.read_text().strip(), ignore_errors=True)
+
+
+def test_serve_with_a_database_that_is_not_there(tmp_path: Path) -> None:
+    port = free_port()
+    url = f"postgresql://postgres:secret@127.0.0.1:{port}/registry"
+    ran = Cli(tmp_path)(
+        "serve", "--port", free_port(), "--data-dir", tmp_path / "data", "--database-url", url
+    )
+    assert ran.status == 1
+    assert "Traceback" not in ran.stderr
+    last = ran.stderr.splitlines()[-1]  # after the log lines of the start
+    assert last.startswith(
+        "registry: cannot use the database at"
+        f" postgresql://postgres:***@127.0.0.1:{port}/registry: "
+    )
+    assert last.endswith("; check --database-url (database.url)")
+    assert "secret" not in ran.stderr
+
+
+def test_the_checks_that_race_are_explained_after_the_fact_too(tmp_path: Path) -> None:
+    """The port or the data directory can be taken between the checks and `serve`'s own bind
+    or lock: the error `serve` then raises, deep in exception groups, is explained the same."""
+    config = load_config(None, environ={}, overrides={"server": {"port": 18999}})
+    in_use = OSError(errno.EADDRINUSE, "Address already in use")
+    failure = _server_failure(ExceptionGroup("serve", [ExceptionGroup("http", [in_use])]), config)
+    assert failure is not None
+    assert str(failure).startswith("port 18999 on 127.0.0.1 is already in use")
+    failure = _server_failure(ExceptionGroup("serve", [DataDirInUse("the message")]), config)
+    assert failure is not None
+    assert str(failure) == "the message"
+    assert _server_failure(ExceptionGroup("serve", [RuntimeError("a bug")]), config) is None
+
+
+def test_migrate_has_only_the_database_options(tmp_path: Path, database_url: str) -> None:
+    cli = Cli(tmp_path)
+    usage = cli.ok("migrate", "--help").stdout
+    assert "--database-url" in usage
+    assert "--data-dir" in usage
+    assert "--port" not in usage
+    assert "--host" not in usage
+    # "up to date" (the session fixture migrated), unless a migration was added since.
+    assert re.fullmatch(
+        r"up to date\n|applied \[[0-9, ]+\]\n",
+        cli.ok("migrate", "--database-url", database_url).stdout,
+    )
+    line = cli("migrate", "--port", "1").stderr.splitlines()[-1]
+    assert line == "registry: error: unrecognized arguments: --port 1"
+
+
+def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    (sub,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(sub.choices)
+
+
+def test_every_option_has_help_that_says_its_default() -> None:
+    parser = build_parser()
+    commands = _commands(parser)
+    assert set(commands) == {
+        *("serve", "migrate", "keygen", "login", "logout", "publish", "update"),
+        *("get", "versions", "delete", "watch"),
+    }
+    for name, command in [("registry", parser), *commands.items()]:
+        for action in command._actions:
+            if isinstance(action, argparse._HelpAction | argparse._SubParsersAction):
+                continue
+            if action.help == argparse.SUPPRESS:  # --debug, repeated after the command
+                continue
+            assert action.help, (name, action.dest)
+            if action.option_strings:
+                assert "default" in action.help or "required" in action.help, (name, action.help)
+
+
+def test_help_shows_the_defaults(tmp_path: Path) -> None:
+    cli = Cli(tmp_path)
+    assert "(default: http://127.0.0.1:8080;" in cli.ok("publish", "--help").stdout
+    serve = " ".join(cli.ok("serve", "--help").stdout.split())
+    assert "--port PORT listen port (default: server.port, 8080)" in serve
+    assert "--host HOST listen address (default: server.host, 127.0.0.1)" in serve
+    assert "(default: server.data_dir, .registry)" in serve
+
+
+def test_a_max_page_size_below_the_default_lowers_the_default() -> None:
+    limits = load_config(None, environ={"REGISTRY_LIMITS__MAX_PAGE_SIZE": "5"}).limits
+    assert (limits.max_page_size, limits.default_page_size) == (5, 5)
+    limits = load_config(None, environ={}, overrides={"limits": {"max_page_size": 50}}).limits
+    assert (limits.max_page_size, limits.default_page_size) == (50, 20)
+    with pytest.raises(ConfigError, match="default_page_size must not exceed max_page_size"):
+        load_config(
+            None, environ={}, overrides={"limits": {"max_page_size": 5, "default_page_size": 6}}
+        )
+
+
+def test_the_service_starts_with_max_page_size_2_and_pages_by_2(server: Server) -> None:
+    """The module's server runs with REGISTRY_LIMITS__MAX_PAGE_SIZE=2 and no default page size."""
+    from api.client import RegistryClient
+
+    key = SigningKey.generate()
+    with RegistryClient(server.url) as client:
+        client.sign_in(key)
+        entry = client.publish(entry_template(), key)
+        for n in range(2):
+            entry = client.update({**entry, "version": f"1.{n}"}, key, based_on=entry["sequence"])
+        page = client.versions(entry["entryDid"])
+    assert (len(page["versions"]), page["hasMore"], page["totalCount"]) == (2, True, 3)
