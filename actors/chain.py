@@ -73,6 +73,21 @@ def _read_journal(path: Path) -> list[dict[str, Any]]:
     return events
 
 
+def load_local_chain(path: Path) -> LocalChain:
+    """The local chain of a journal, read only (for an independent verifier): every whole
+    event, a torn last line ignored, the file untouched."""
+    events: list[dict[str, Any]] = []
+    for line in path.read_bytes().splitlines():
+        if line.strip():
+            try:
+                event = json.loads(line)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                break
+            if isinstance(event, dict):
+                events.append(event)
+    return LocalChain.replay(events)
+
+
 class LocalChainClient:
     """The `Chain` port over a `LocalChain` in this process."""
 

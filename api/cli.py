@@ -1,7 +1,7 @@
 """The `registry` command (docs/cli.md).
 
 Server: serve, migrate. Keys and sessions: keygen, login, logout. Entries: publish, update, get,
-versions, delete. Events: watch.
+versions, delete. Anchors: verify-anchor. Events: watch.
 
 A user's mistake (a malformed file, a stopped server, a port or data directory in use, an error
 answer from the registry) ends the command with one line on stderr — what happened and what to
@@ -548,6 +548,52 @@ def cmd_get(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_verify_anchor(args: argparse.Namespace) -> int:
+    """Re-check every anchored version of an entry: the served version's hash, its Merkle leaf
+    and path, and (with --chain) that the chain's block holds the root."""
+    from registry.anchoring import verify_anchor
+
+    chain = None
+    if args.chain is not None:
+        from actors.chain import load_local_chain
+
+        try:
+            chain = load_local_chain(Path(args.chain))
+        except OSError as exc:
+            raise CliError(f"{args.chain}: {exc.strerror}", EXIT_USAGE) from None
+    records: list[dict[str, Any]] = []
+    with _client(args) as client:
+        cursor: str | None = None
+        while True:
+            page = client.anchors(args.did, cursor=cursor)
+            records.extend(page["records"])
+            cursor = page.get("cursor")
+            if not page.get("hasMore") or cursor is None:
+                break
+        anchored = [r for r in records if "anchor" in r]
+        if not anchored:
+            states = ", ".join(f"{r['sequence']}: {r['state']}" for r in records) or "no intents"
+            raise CliError(f"{args.did} has no anchored version yet ({states})")
+        failed = 0
+        for record in anchored:
+            anchor = record["anchor"]
+            version = client.version(args.did, int(record["sequence"]))
+            roots = None if chain is None else chain.block_roots(int(anchor["blockHeight"]))
+            check = verify_anchor(version, anchor, roots)
+            where = f"block {anchor['blockHeight']}, tx {str(anchor['txHash'])[:16]}…"
+            if check.ok:
+                checked = ", ".join(check.checks)
+                print(f"sequence {record['sequence']}: ok ({where}; checked {checked})")
+            else:
+                failed += 1
+                print(
+                    f"sequence {record['sequence']}: FAILED ({where}): {'; '.join(check.problems)}"
+                )
+        if chain is None:
+            print("the roots were not checked against a chain (give --chain)", file=sys.stderr)
+    return 1 if failed else 0
+
+
 def _versions_table(versions: list[dict[str, Any]]) -> list[str]:
     rows = [("SEQUENCE", "VERSION", "STATUS", "UPDATED", "NAME")]
     for v in versions:
@@ -914,6 +960,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     url_flag(p)
     p.set_defaults(func=cmd_delete)
+
+    p = command(
+        "verify-anchor",
+        "re-check the anchors of an entry's versions, independently of the server's word",
+        "Fetch the entry's anchor records and the versions they anchor, and check each one:"
+        " itemDataHash is SHA-256 of JCS(itemData), the Merkle leaf is the version's, the proof's"
+        " path leads to its root, and (with --chain) the chain's block holds that root. Exit 0"
+        " when every anchored version verifies, 1 otherwise.",
+    )
+    p.add_argument("did", metavar="DID", help="the entry's DID")
+    p.add_argument(
+        "--chain",
+        metavar="FILE",
+        help="the local chain's journal (<data_dir>/chain.jsonl) to check the roots against"
+        " (default: none: the roots are not checked against a chain)",
+    )
+    url_flag(p)
+    p.set_defaults(func=cmd_verify_anchor)
 
     # events
     p = command(

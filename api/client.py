@@ -166,6 +166,13 @@ class RegistryClient:
         result: dict[str, Any] = self._request("GET", entry_path(did))
         return result
 
+    def anchors(self, did: str, *, cursor: str | None = None) -> dict[str, Any]:
+        """One page of the entry's anchor intents (GET /v1/anchors/{did})."""
+        path = "/v1/anchors/" + entry_path(did).removeprefix("/v1/entries/")
+        params = {} if cursor is None else {"cursor": cursor}
+        result: dict[str, Any] = self._request("GET", path, params=params)
+        return result
+
     def version(self, did: str, sequence: int) -> dict[str, Any]:
         """One version of an entry, by its `sequence`."""
         result: dict[str, Any] = self._request("GET", f"{entry_path(did)}/versions/{sequence}")
