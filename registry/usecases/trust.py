@@ -202,7 +202,8 @@ class Attestations:
                             status="revoked",
                             doc=doc,
                             expires_ms=row.expires_ms,
-                            uniq=None,
+                            # Still claimed: a revoked credential cannot be attested again.
+                            uniq=f"{row.entry_did} {sha256_hex(canonicalize(doc['credential']))}",
                         )
                     ],
                     "result": render(doc),
