@@ -193,35 +193,46 @@ END $$;
 -- rows: {batchSize, availableAtMs}. Result: the batch's members in leaf order,
 -- [[intentId, entryDid, sequence, itemDataHash, attempts], ...]; refuses `nothing_pending` (never recorded:
 -- the supervisor's changes carry no Idempotency-Key).
+--
+-- Set-based and plan-proof: the members are picked once (the pending index, in sequence order),
+-- updated through their primary key, and the receipts and the result come from that pick and the
+-- UPDATE's RETURNING (no second read of the batch). Written so that a generic plan (a session
+-- without plan_cache_mode = force_custom_plan) stays O(batch), never a scan of every intent.
 CREATE FUNCTION apply_anchor_claim(p_seq bigint, p_subject text, p_rows jsonb)
 RETURNS TABLE (result text, refusal jsonb)
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_count integer;
+    v_ids    text[];
+    v_result text;
 BEGIN
-    UPDATE anchor_intents i
-       SET state = 'submitted', attempts = i.attempts + 1, batch_id = p_seq,
-           leaf_index = p.idx, updated_at = now()
-      FROM (SELECT s.intent_id, (row_number() OVER (ORDER BY s.sequence))::integer - 1 AS idx
-              FROM (SELECT x.intent_id, x.sequence FROM anchor_intents x
-                     WHERE x.state = 'pending'
-                       AND x.available_at <= to_timestamp((p_rows ->> 'availableAtMs')::bigint / 1000.0)
-                     ORDER BY x.sequence LIMIT (p_rows ->> 'batchSize')::integer) AS s) AS p
-     WHERE i.intent_id = p.intent_id;
-    GET DIAGNOSTICS v_count = ROW_COUNT;
-    IF v_count = 0 THEN
+    v_ids := ARRAY(
+        SELECT x.intent_id FROM anchor_intents x
+         WHERE x.state = 'pending'
+           AND x.available_at <= to_timestamp((p_rows ->> 'availableAtMs')::bigint / 1000.0)
+         ORDER BY x.sequence LIMIT (p_rows ->> 'batchSize')::integer);
+    IF cardinality(v_ids) = 0 THEN
         RETURN QUERY SELECT NULL::text, jsonb_build_object('kind', 'NotFound',
             'code', 'nothing_pending', 'message', 'no anchor intent is pending',
             'details', '{}'::jsonb);
         RETURN;
     END IF;
+    WITH claimed AS (
+        UPDATE anchor_intents i
+           SET state = 'submitted', attempts = i.attempts + 1, batch_id = p_seq,
+               leaf_index = (p.n - 1)::integer, updated_at = now()
+          FROM unnest(v_ids) WITH ORDINALITY AS p(intent_id, n)
+         WHERE i.intent_id = p.intent_id
+        RETURNING i.intent_id, i.entry_did, i.sequence, i.item_data_hash, i.attempts,
+                  i.leaf_index
+    )
+    SELECT json_agg(json_build_array(c.intent_id, c.entry_did, c.sequence, c.item_data_hash,
+                                     c.attempts) ORDER BY c.leaf_index)::text
+      INTO v_result FROM claimed c;
     INSERT INTO anchor_batches (batch_id, state) VALUES (p_seq, 'claimed');
     INSERT INTO anchor_receipts (intent_id, batch_id, leaf_index)
-    SELECT i.intent_id, p_seq, i.leaf_index FROM anchor_intents i WHERE i.batch_id = p_seq;
-    RETURN QUERY SELECT (SELECT json_agg(json_build_array(i.intent_id, i.entry_did, i.sequence,
-                                                          i.item_data_hash, i.attempts)
-                                         ORDER BY i.leaf_index)
-                           FROM anchor_intents i WHERE i.batch_id = p_seq)::text, NULL::jsonb;
+    SELECT p.intent_id, p_seq, (p.n - 1)::integer
+      FROM unnest(v_ids) WITH ORDINALITY AS p(intent_id, n);
+    RETURN QUERY SELECT v_result, NULL::jsonb;
 END $$;
 
 -- rows: {batchId, intents: [ids the decision was made on: the batch's submitted intents],
@@ -233,13 +244,14 @@ LANGUAGE plpgsql AS $$
 DECLARE
     v_batch  bigint := (p_rows ->> 'batchId')::bigint;
     v_ids    text[] := ARRAY(SELECT jsonb_array_elements_text(p_rows -> 'intents'));
-    v_now    integer;
 BEGIN
-    SELECT count(*) INTO v_now FROM anchor_intents
-     WHERE batch_id = v_batch AND state = 'submitted';
-    IF v_now <> cardinality(v_ids) OR EXISTS (
-        SELECT 1 FROM anchor_intents WHERE batch_id = v_batch AND state = 'submitted'
-           AND NOT (intent_id = ANY (v_ids))) THEN
+    -- Compare-and-set: the batch's submitted intents are exactly `intents`. As sorted arrays
+    -- (O(n log n) whatever the plan: `NOT (intent_id = ANY (v_ids))` is hashed only in a custom
+    -- plan, and a generic plan made it O(n²), over a minute for a batch of 100,000).
+    IF ARRAY(SELECT intent_id COLLATE "C" FROM anchor_intents
+              WHERE batch_id = v_batch AND state = 'submitted' ORDER BY 1)
+       IS DISTINCT FROM ARRAY(SELECT u.id COLLATE "C" FROM unnest(v_ids) AS u(id) ORDER BY 1)
+    THEN
         RETURN QUERY SELECT NULL::text, jsonb_build_object('kind', 'Retry',
             'code', 'intents_changed', 'message', 'the batch''s intents changed meanwhile',
             'details', jsonb_build_object('batchId', v_batch));

@@ -19,7 +19,9 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from registry.anchoring import control, entry_state
+import trio
+
+from registry.anchoring import control, entry_state, tree_of
 from registry.canonical import canonicalize
 from registry.changes import Change, ChangeLog, IdemKey, Outcome, rfc3339_ms
 from registry.config import Config
@@ -29,8 +31,16 @@ from registry.store import IntentRow, Receipt, Store
 from registry.usecases.common import Principal, page_size
 from registry.usecases.entries import Entries
 
-CURSOR = re.compile(r"^[A-Za-z0-9_-]{1,2048}$")
-TREES_KEPT = 64  # Merkle trees of recent batches, for proofs
+# Matched with `fullmatch`: `$` would also match before a final newline, which the base64
+# decoder then skips, so a valid cursor plus "\n" would pass (spec 4.3: ^[A-Za-z0-9_-]+$).
+CURSOR = re.compile(r"[A-Za-z0-9_-]{1,2048}")
+# Merkle trees of recent batches, for proofs: at most this many trees, and this many leaves in
+# all (a tree of 100,000 leaves, the largest batch, holds ~25 MB of hex strings).
+TREES_KEPT = 64
+TREE_LEAVES_KEPT = 400_000
+# Larger trees are built in a worker thread: building one costs ~15-30 µs a leaf (the leaf
+# hashes), seconds for the largest batch, which must not stall the event loop serving everyone.
+TREE_INLINE_LEAVES = 2_048
 
 
 class Anchors:
@@ -50,6 +60,8 @@ class Anchors:
         self.config = config
         self._key = hashlib.sha256(b"registry anchors cursor\0" + secret).digest()
         self._trees: OrderedDict[int, MerkleTree] = OrderedDict()
+        self._tree_leaves = 0  # leaves of the trees kept
+        self._building: dict[int, trio.Event] = {}  # trees being built, by batch id
         self.on_change = on_change  # an intent went back to pending: wake the supervisor
 
     # --- reads -----------------------------------------------------------------------------
@@ -119,15 +131,38 @@ class Anchors:
         return receipt
 
     async def _tree(self, batch_id: int) -> MerkleTree:
-        tree = self._trees.get(batch_id)
-        if tree is None:
+        """The batch's Merkle tree, kept for the next reads; concurrent reads of a batch that is
+        not kept build it once (if that build fails or is cancelled, they build it themselves)."""
+        while True:
+            tree = self._trees.get(batch_id)
+            if tree is not None:
+                self._trees.move_to_end(batch_id)
+                return tree
+            building = self._building.get(batch_id)
+            if building is None:
+                break
+            await building.wait()
+        done = self._building[batch_id] = trio.Event()
+        try:
             members = await self.store.anchor_batch_members(batch_id)
-            tree = MerkleTree([m.leaf for m in members])
-            self._trees[batch_id] = tree
-            while len(self._trees) > TREES_KEPT:
-                self._trees.popitem(last=False)
-        self._trees.move_to_end(batch_id)
+            if len(members) <= TREE_INLINE_LEAVES:
+                tree = tree_of(members)
+            else:
+                tree = await trio.to_thread.run_sync(tree_of, members)
+            self._keep(batch_id, tree)
+        finally:
+            del self._building[batch_id]
+            done.set()
         return tree
+
+    def _keep(self, batch_id: int, tree: MerkleTree) -> None:
+        self._trees[batch_id] = tree
+        self._tree_leaves += len(tree)
+        while len(self._trees) > 1 and (
+            len(self._trees) > TREES_KEPT or self._tree_leaves > TREE_LEAVES_KEPT
+        ):
+            _, dropped = self._trees.popitem(last=False)
+            self._tree_leaves -= len(dropped)
 
     # --- admin control -------------------------------------------------------------------
 
@@ -177,7 +212,7 @@ class Anchors:
 
     def _decode(self, did: str, cursor: str) -> tuple[int, int, str]:
         bad = Invalid("cursor is not one this server issued for this entry", code="invalid_cursor")
-        if not CURSOR.match(cursor):
+        if not CURSOR.fullmatch(cursor):
             raise bad
         try:
             raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
