@@ -28,7 +28,7 @@ import json
 import logging
 import random
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import trio
 
@@ -37,6 +37,7 @@ from registry.chain import Chain, ChainUnavailable
 from registry.changes import RETRY, Also, Change, IdemKey, Outcome
 from registry.config import AnchoringConfig
 from registry.errors import Unavailable
+from registry.merkle import MerkleTree
 from registry.ratelimit import Backoff
 from registry.store import OpenBatch, Store
 
@@ -44,6 +45,7 @@ log = logging.getLogger(__name__)
 
 Append = Callable[[Change, IdemKey | None], Awaitable[Outcome]]
 BACKOFF = Backoff(initial=0.5, maximum=30.0)
+TREE_IN_THREAD = 2048  # leaves above which a batch's tree is built off the event loop
 LEADERSHIP = "anchoring"
 
 
@@ -120,6 +122,7 @@ class _Supervisor:
         self.rand = rand
         self.handle = handle
         self.stats = handle.stats
+        self.current: tuple[OpenBatch, MerkleTree] | None = None
         # How long to wait before polling a submitted batch again: a fraction of a block.
         self.poll_seconds = min(config.block_interval_seconds / 4, 1.0)
 
@@ -154,9 +157,11 @@ class _Supervisor:
     async def step(self) -> bool:
         """One move of the oldest open batch, or a new claim; False when there was nothing to
         do now (waiting for blocks or for intents)."""
+        if self.current is not None:  # the batch in hand, still open: no re-read per poll
+            return await self.advance(*self.current)
         batches = await self.store.open_anchor_batches()
         if batches:
-            return await self.advance(batches[0])
+            return await self.advance(batches[0], await self.tree(batches[0]))
         now = self.clock_ms()
         if not await self.store.anchor_pending(now):
             return False  # a plain read: claims (which take the log lock) only when there is work
@@ -173,12 +178,22 @@ class _Supervisor:
         members = [Member(*m) for m in json.loads(outcome.unwrap())]
         self.stats.batches += 1
         batch = OpenBatch(outcome.sequence, None, None, tuple((m, "submitted") for m in members))
-        return await self.advance(batch)
+        return await self.advance(batch, await self.tree(batch))
 
-    async def advance(self, batch: OpenBatch) -> bool:
+    async def tree(self, batch: OpenBatch) -> MerkleTree:
+        """The batch's tree; a large one is built in a worker thread, so that a leader that
+        also serves requests does not stall them while it hashes."""
         members = [m for m, _ in batch.members]
+        if len(members) <= TREE_IN_THREAD:
+            return tree_of(members)
+        return await trio.to_thread.run_sync(tree_of, members)
+
+    async def advance(self, batch: OpenBatch, tree: MerkleTree) -> bool:
+        """Submit the batch if it is not yet, poll it, and settle it once the chain decides.
+        The batch and its tree are kept between polls (`current`), and dropped when it is
+        settled or its intents moved (then it is read again)."""
+        self.current = (batch, tree)
         live = [m for m, state in batch.members if state == "submitted"]
-        tree = tree_of(members)
         tx_id = batch.transaction_id
         if tx_id is None:
             # The key names the batch and its root: idempotent for this batch, and never
@@ -186,6 +201,8 @@ class _Supervisor:
             key = f"batch-{batch.batch_id}-{tree.root[:16]}"
             tx_id = await self.chain.submit(tree.root, key=key)
             await self.store.record_anchor_submission(batch.batch_id, tree.root, tx_id)
+            batch = replace(batch, root=tree.root, transaction_id=tx_id)
+            self.current = (batch, tree)
         status = await self.chain.status(tx_id)
         decision = settle(
             live,
@@ -199,6 +216,7 @@ class _Supervisor:
         if decision is None:
             return self.config.block_interval_seconds == 0  # instant blocks: poll again now
         outcome = await self.append(self.settle_change(batch.batch_id, live, decision), None)
+        self.current = None
         if outcome.refusal is not None:
             if outcome.refusal.kind == RETRY:
                 return True  # an intent moved meanwhile: read the batch again
