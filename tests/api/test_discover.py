@@ -83,7 +83,7 @@ async def discover(h: Harness, body: Any, path: str = "/v1/discover") -> dict:
     assert r.status_code == 200, raw
     assert r.headers["Content-Type"].startswith("application/json")
     result = json.loads(raw)
-    assert set(result) <= {"entries", "cursor", "hasMore", "totalCount"}, result
+    assert set(result) <= {"entries", "cursor", "hasMore", "totalCount", "totalCountExact"}, result
     assert isinstance(result["entries"], list)
     assert isinstance(result["hasMore"], bool)
     assert isinstance(result["totalCount"], int)
