@@ -15,6 +15,7 @@ from api.idempotency import idem_key, respond
 from registry.caches import Served
 from registry.changes import Outcome
 from registry.errors import Invalid, NotFound
+from registry.models import MAX_SAFE_INTEGER
 from registry.usecases.common import parse_sequence
 
 
@@ -40,11 +41,14 @@ def _matches(if_none_match: str | None, etag: str) -> bool:
 
 
 def int_param(name: str) -> int | None:
+    """An integer query parameter, within ±(2^53−1) like every number the API reads."""
     raw = request.args.get(name)
     if raw is None:
         return None
-    if not re.fullmatch(r"-?[0-9]{1,18}", raw):
-        raise Invalid(f"{name} must be an integer", code=f"invalid_{name}")
+    if not re.fullmatch(r"-?[0-9]{1,16}", raw) or abs(int(raw)) > MAX_SAFE_INTEGER:
+        raise Invalid(
+            f"{name} must be an integer within ±{MAX_SAFE_INTEGER}", code=f"invalid_{name}"
+        )
     return int(raw)
 
 

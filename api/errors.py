@@ -11,11 +11,29 @@ import logging
 import math
 from typing import Any
 
-from quart import Response
+from quart import Response, g, has_request_context, request
 
 from registry.errors import RateLimited, RegistryError
 
 log = logging.getLogger("registry.api")
+
+
+def mark_body_read() -> None:
+    """Record that this request's body was read to its end (`body_unread` is then False)."""
+    g.registry_body_read = True
+
+
+def body_unread() -> bool:
+    """Whether this request carries a body that nothing has read to its end.
+
+    An answer sent before the body is in leaves the connection unusable: Hypercorn cannot
+    recycle it, and a client that sends its next request on it waits forever. Such an answer
+    says `Connection: close` (a 404 or 405 of routing, an early 401 or 429, a body where the
+    operation takes none)."""
+    if not has_request_context() or g.get("registry_body_read", False):
+        return False
+    length = request.headers.get("Content-Length")
+    return bool(request.headers.get("Transfer-Encoding")) or (length is not None and length != "0")
 
 
 def error_body(code: str, message: str, request_id: str, details: dict[str, Any] | None) -> str:
@@ -37,6 +55,8 @@ def error_response(exc: BaseException, request_id: str) -> Response:
         content_type="application/json",
     )
     response.headers["X-Request-Id"] = request_id
+    if body_unread():
+        response.headers["Connection"] = "close"
     if isinstance(exc, RateLimited):
         response.headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))
         response.headers["RateLimit-Limit"] = str(exc.limit)

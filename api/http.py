@@ -22,7 +22,7 @@ from quart import Response, current_app, has_request_context, request, websocket
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from actors.ratelimiter import RateLimiter
-from api.errors import error_response
+from api.errors import body_unread, error_response, mark_body_read
 from registry import canonical
 from registry.caches import FollowedCache
 from registry.config import Config
@@ -168,11 +168,7 @@ async def _drain(limit: int, ctx: Ctx) -> None:
         except TooLarge:
             return
         ctx.body_read = True
-
-
-def _may_have_body() -> bool:
-    length = request.headers.get("Content-Length")
-    return bool(request.headers.get("Transfer-Encoding")) or (length is not None and length != "0")
+        mark_body_read()
 
 
 def rate_headers(decision: Decision, headers: Any) -> None:
@@ -232,15 +228,17 @@ def endpoint(
                     _check_content_type()
                     ctx.body = await read_body(limit)
                     ctx.body_read = True
+                    mark_body_read()
                 response = await handler(ctx, **kwargs)
             except Exception as exc:  # mapped in one place; unknown errors become a bare 500
                 if body_limit and not ctx.body_read and not isinstance(exc, TooLarge):
                     await _drain(limit, ctx)
                 response = error_response(exc, ctx.request_id)
             response.headers["X-Request-Id"] = ctx.request_id
-            if body_limit and not ctx.body_read and _may_have_body():
-                # Answered before reading the body: the rest of it would still be on the wire,
-                # so this connection cannot carry another request.
+            if body_unread():
+                # Answered before reading the body (or an operation that takes none got one):
+                # the rest of it may still be on the wire, so this connection cannot carry
+                # another request.
                 response.headers["Connection"] = "close"
             if ctx.decision is not None and ctx.decision.allowed:
                 rate_headers(ctx.decision, response.headers)

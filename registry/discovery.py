@@ -14,10 +14,22 @@ import json
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, StringConstraints
+from pydantic import ConfigDict, Field, StringConstraints, WithJsonSchema
 
 from registry.errors import Invalid
-from registry.models import DateTime, Did, Tag, Token, WireModel, validate_model
+from registry.models import (
+    MAX_SAFE_INTEGER,
+    NO_NUL_PATTERN,
+    NUMBER_SCHEMAS,
+    WHOLE,
+    DateTime,
+    Did,
+    Tag,
+    Token,
+    WholeInt,
+    WireModel,
+    validate_model,
+)
 from registry.query import (
     ALL_TYPES,
     MAX_IN_VALUES,
@@ -35,10 +47,48 @@ from registry.query import (
     conjunction,
     effective_order,
 )
+from registry.registryql import MAX_QUERY_BYTES
 
 EntryTypeOrAll = Annotated[str, StringConstraints(pattern=r"^(\*|[A-Za-z][A-Za-z0-9._-]{0,63})$")]
-MetadataKey = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+METADATA_KEY_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+MetadataKey = Annotated[str, StringConstraints(pattern=METADATA_KEY_PATTERN)]
 Scalar = Annotated[str, StringConstraints(max_length=1024)] | int | float | bool | None
+# The schema of `metadata` (its keys are a pattern, and no other key is accepted).
+_METADATA_SCHEMA = {
+    "type": "object",
+    "maxProperties": 32,
+    "propertyNames": {"pattern": METADATA_KEY_PATTERN},
+    "additionalProperties": {
+        "anyOf": [
+            {"type": "string", "maxLength": 1024, "pattern": NO_NUL_PATTERN},
+            *NUMBER_SCHEMAS,
+            {"type": "boolean"},
+            {"type": "null"},
+        ]
+    },
+}
+# Rules between fields (request_to_query, check_query), for the OpenAPI document.
+_CROSS_FIELD_RULES: dict[str, Any] = {
+    "allOf": [
+        {  # a direction alone does not say what to order by
+            "if": {"required": ["order"], "properties": {"order": {"type": "string"}}},
+            "then": {"required": ["orderBy"], "properties": {"orderBy": {"type": "string"}}},
+        },
+        {  # relevance ranks by text
+            "if": {"required": ["orderBy"], "properties": {"orderBy": {"const": "relevance"}}},
+            "then": {"required": ["text"], "properties": {"text": {"type": "string"}}},
+        },
+        {  # either a page offset or a cursor
+            "not": {
+                "required": ["offset", "cursor"],
+                "properties": {
+                    "offset": {"type": "integer", "minimum": 1},
+                    "cursor": {"type": "string"},
+                },
+            }
+        },
+    ]
+}
 
 
 class RelationshipFilter(WireModel):
@@ -48,6 +98,8 @@ class RelationshipFilter(WireModel):
 
 class DiscoverRequest(WireModel):
     """`POST /v1/discover` (design §12). Every field is optional; `{}` lists everything."""
+
+    model_config = ConfigDict(json_schema_extra=_CROSS_FIELD_RULES)
 
     entry_type: EntryTypeOrAll = Field(default=ALL_TYPES, alias="entryType")
     text: Annotated[str, StringConstraints(min_length=1, max_length=MAX_TEXT)] | None = None
@@ -65,7 +117,10 @@ class DiscoverRequest(WireModel):
     ) = Field(default=None, alias="lifecycleStatus")
     service_type: Token | None = Field(default=None, alias="serviceType")
     relationship: RelationshipFilter | None = None
-    metadata: Annotated[dict[MetadataKey, Scalar], Field(max_length=32)] | None = None
+    metadata: (
+        Annotated[dict[MetadataKey, Scalar], Field(max_length=32), WithJsonSchema(_METADATA_SCHEMA)]
+        | None
+    ) = None
     published_after: DateTime | None = Field(default=None, alias="publishedAfter")
     published_before: DateTime | None = Field(default=None, alias="publishedBefore")
     updated_after: DateTime | None = Field(default=None, alias="updatedAfter")
@@ -74,15 +129,40 @@ class DiscoverRequest(WireModel):
         default=None, alias="orderBy"
     )
     order: Literal["asc", "desc"] | None = None
-    limit: int | None = None
+    # At least 1 (check_query says so, with its own code); above the maximum page size it is
+    # clamped.
+    limit: (
+        Annotated[
+            WholeInt,
+            WithJsonSchema({"type": "integer", "minimum": 1, "maximum": MAX_SAFE_INTEGER}),
+        ]
+        | None
+    ) = None
     cursor: Annotated[str, StringConstraints(min_length=1, max_length=2048)] | None = None
-    offset: Annotated[int, Field(ge=0, le=MAX_OFFSET)] | None = None
+    offset: Annotated[int, Field(ge=0, le=MAX_OFFSET), WHOLE] | None = None
 
 
 class RegistryQLRequest(WireModel):
     """`POST /v1/discover/registryql`: an expression, and the cursor of a previous page."""
 
-    query: str  # its length and emptiness are the parser's to report, with positions
+    # Its length and emptiness are the parser's to report, with positions; the schema says
+    # what it can (the grammar is docs/registryql.md).
+    query: Annotated[
+        str,
+        WithJsonSchema(
+            {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": MAX_QUERY_BYTES,
+                "pattern": NO_NUL_PATTERN,
+                "description": f"a RegistryQL expression of at most {MAX_QUERY_BYTES} bytes",
+                "examples": [
+                    "DISCOVER *",
+                    "DISCOVER AgentDefinition WHERE tags CONTAINS 'demo' ORDER BY name LIMIT 10",
+                ],
+            }
+        ),
+    ]
     cursor: Annotated[str, StringConstraints(min_length=1, max_length=2048)] | None = None
 
 

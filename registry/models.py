@@ -8,26 +8,87 @@ entry is the received document plus the registry-managed fields, canonicalised w
 from __future__ import annotations
 
 import re
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     StringConstraints,
     ValidationError,
+    WithJsonSchema,
 )
 
+from registry import did
 from registry.did import is_did
 from registry.errors import Invalid
 
+# ASCII digits only: `\d` would also take other scripts' digits, which no date parser reads back.
+# Offsets up to ±15:59, what PostgreSQL's timestamptz takes.
+_OFFSET = r"(?:[Zz]|[+-](?:0[0-9]|1[0-5]):[0-5][0-9])"
 _RFC3339 = re.compile(
-    r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(?:\.\d{1,9})?(?:[Zz]|[+-]\d{2}:\d{2})"
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,9})?" + _OFFSET
 )
-_URI = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:[^\s\x00-\x1f\x7f]+")
+# Whitespace spelled out (what Python's `\s` matches), so the OpenAPI pattern below means the
+# same in every regex dialect that reads it.
+WHITESPACE = r"\x09-\x0d\x1c-\x20\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+_URI = re.compile(rf"[A-Za-z][A-Za-z0-9+.-]*:[^{WHITESPACE}\x00-\x1f\x7f]+")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+# --- the JSON Schema of each rule, for the OpenAPI document (api/openapi.py) --------------------
+# Validation is the validators' above; these say the same for clients and schema fuzzers.
+
+MAX_SAFE_INTEGER = 2**53 - 1  # I-JSON: every number in a body (registry.canonical.parse_strict)
+# The numbers `parse_strict` takes: within ±(2^53−1), or doubles of magnitude 10^21 and more
+# (which JCS writes with an exponent); an integer beyond ±(2^53−1) written as digits alone is
+# refused, and so is any number in between. JSON Schema cannot tell `1e22` from its digits: the
+# description says it.
+_BIG = "a double written with an exponent or a fraction (as digits alone it is refused)"
+NUMBER_SCHEMAS: list[dict[str, Any]] = [
+    {"type": "number", "minimum": -MAX_SAFE_INTEGER, "maximum": MAX_SAFE_INTEGER},
+    {"type": "number", "minimum": 1e21, "description": _BIG},
+    {"type": "number", "maximum": -1e21, "description": _BIG},
+]
+# The year 0000 and a 60th second are valid RFC 3339 but not dates that Python can hold.
+_YEAR = "(?:[0-9]{3}[1-9]|[0-9]{2}[1-9][0-9]|[0-9][1-9][0-9]{2}|[1-9][0-9]{3})"
+DATE_TIME_PATTERN = (
+    rf"^{_YEAR}-[0-9]{{2}}-[0-9]{{2}}[Tt][0-9]{{2}}:[0-9]{{2}}:[0-5][0-9](\.[0-9]{{1,9}})?"
+    rf"{_OFFSET}$"
+)
+# The instant must be one Python can hold (0001-01-01T00:00:00Z to 9999-12-31T23:59:59.999999Z):
+# the schema leaves out the first day with an offset ahead of UTC and the last behind it.
+_NONZERO_OFFSET = r"(?:0[0-9]:(?:0[1-9]|[1-5][0-9])|(?:0[1-9]|1[0-5]):[0-5][0-9])"
+_OUT_OF_RANGE = {
+    "anyOf": [
+        {"pattern": rf"^0001-01-01[Tt][^+]*\+{_NONZERO_OFFSET}$"},
+        {"pattern": rf"^9999-12-31[Tt][0-9:.]*-{_NONZERO_OFFSET}$"},
+        # the last microsecond, rounded up
+        {"pattern": r"^9999-12-31[Tt]23:59:59\.999999[5-9][0-9]{0,2}(?:[Zz]|[+-]00:00)$"},
+    ]
+}
+DID_PATTERN = f"^{did._DID_RE.pattern}$"  # the one `is_did` matches
+URI_PATTERN = f"^{_URI.pattern}$"
+PRINTABLE_PATTERN = r"^[^\x00-\x1f\x7f]*$"
+NO_NUL_PATTERN = r"^[^\x00]*$"  # U+0000 is refused in every string of every body
+
+DATE_TIME_SCHEMA: dict[str, Any] = {
+    "type": "string",
+    "format": "date-time",
+    "pattern": DATE_TIME_PATTERN,
+    "not": _OUT_OF_RANGE,
+    "description": (
+        "RFC 3339 with an offset up to ±15:59 and at most 9 fractional digits, at an instant"
+        " from 0001-01-01T00:00:00Z to 9999-12-31T23:59:59.999999Z"
+    ),
+}
+DID_SCHEMA: dict[str, Any] = {
+    "type": "string",
+    "maxLength": did.MAX_DID_LENGTH,
+    "pattern": DID_PATTERN,
+}
 
 
 def parse_datetime(value: str) -> datetime:
@@ -40,12 +101,22 @@ def parse_datetime(value: str) -> datetime:
         raise ValueError("must be an RFC 3339 date-time with offset, e.g. 2026-01-02T03:04:05Z")
     text = value.upper().replace("Z", "+00:00")
     head, dot, rest = text.partition(".")
-    if not dot:
-        return datetime.fromisoformat(text)
-    digits = re.match(r"\d+", rest)
-    assert digits is not None
-    micro = round(float("0." + digits.group()) * 1_000_000)
-    return datetime.fromisoformat(head + rest[digits.end() :]) + timedelta(microseconds=micro)
+    try:
+        if not dot:
+            moment = datetime.fromisoformat(text)
+        else:
+            digits = re.match(r"[0-9]+", rest)
+            assert digits is not None
+            micro = round(float("0." + digits.group()) * 1_000_000)
+            moment = datetime.fromisoformat(head + rest[digits.end() :])
+            moment += timedelta(microseconds=micro)
+        moment.astimezone(UTC)  # an instant Python (and the database driver) can hold
+    except OverflowError:
+        raise ValueError(
+            "out of range: the instant must be from 0001-01-01T00:00:00Z to"
+            " 9999-12-31T23:59:59.999999Z"
+        ) from None
+    return moment
 
 
 def _date_time(value: str) -> str:
@@ -71,12 +142,56 @@ def _printable(value: str) -> str:
     return value
 
 
-DateTime = Annotated[str, AfterValidator(_date_time)]
-Did = Annotated[str, StringConstraints(max_length=2048), AfterValidator(_did)]
-Uri = Annotated[str, StringConstraints(max_length=2048), AfterValidator(_uri)]
-Label = Annotated[str, StringConstraints(min_length=1, max_length=256), AfterValidator(_printable)]
-Tag = Annotated[str, StringConstraints(min_length=1, max_length=64), AfterValidator(_printable)]
+def _printable_schema(min_length: int, max_length: int) -> WithJsonSchema:
+    return WithJsonSchema(
+        {
+            "type": "string",
+            "minLength": min_length,
+            "maxLength": max_length,
+            "pattern": PRINTABLE_PATTERN,
+        }
+    )
+
+
+DateTime = Annotated[str, AfterValidator(_date_time), WithJsonSchema(DATE_TIME_SCHEMA)]
+Did = Annotated[
+    str,
+    StringConstraints(max_length=did.MAX_DID_LENGTH),
+    AfterValidator(_did),
+    WithJsonSchema(DID_SCHEMA),
+]
+Uri = Annotated[
+    str,
+    StringConstraints(max_length=2048),
+    AfterValidator(_uri),
+    WithJsonSchema({"type": "string", "maxLength": 2048, "pattern": URI_PATTERN}),
+]
+Label = Annotated[
+    str,
+    StringConstraints(min_length=1, max_length=256),
+    AfterValidator(_printable),
+    _printable_schema(1, 256),
+]
+Tag = Annotated[
+    str,
+    StringConstraints(min_length=1, max_length=64),
+    AfterValidator(_printable),
+    _printable_schema(1, 64),
+]
 Token = Annotated[str, StringConstraints(pattern=r"^[A-Za-z][A-Za-z0-9._-]{0,63}$")]
+
+
+def _whole(value: Any) -> Any:
+    """`2.0` is the integer 2: JSON (and JCS, which every signature is over) has one kind of
+    number, and JSON Schema calls a whole number an integer however it is written."""
+    if isinstance(value, float) and value.is_integer() and abs(value) <= MAX_SAFE_INTEGER:
+        return int(value)
+    return value
+
+
+# After any `Field` constraints in an `Annotated` (so the schema keeps minimum and maximum).
+WHOLE = BeforeValidator(_whole)
+WholeInt = Annotated[int, WHOLE]
 
 LIFECYCLE_STATES = ("draft", "active", "deprecated", "revoked", "deleted")
 LifecycleStatus = Literal["draft", "active", "deprecated", "revoked"]
@@ -111,7 +226,7 @@ class ServiceEndpoint(WireModel):
     id: Annotated[str, StringConstraints(min_length=1, max_length=256)]
     type: Token
     url: Uri
-    priority: Annotated[int, Field(ge=0, le=1_000_000)] | None = None
+    priority: Annotated[int, Field(ge=0, le=1_000_000), WHOLE] | None = None
     properties: dict[str, Any] | None = None
 
 
@@ -151,7 +266,7 @@ class RegistryEntry(WireModel):
     )
     tags: Annotated[list[Tag], Field(max_length=64)] | None = None
     # Registry-managed: accepted (a client may send back what it read) and then replaced.
-    sequence: Annotated[int, Field(ge=1)] | None = None
+    sequence: Annotated[int, Field(ge=1), WHOLE] | None = None
     anchor_state: str | None = Field(default=None, alias="anchorState")
     updated_at: DateTime | None = Field(default=None, alias="updatedAt")
     verifiable_attestations: list[Any] | None = Field(default=None, alias="verifiableAttestations")

@@ -103,6 +103,8 @@ class Transfers:
                     details={"field": "recipientDid"},
                 )
             sequence = body["entrySequence"]
+            if type(sequence) is float and sequence.is_integer():
+                sequence = int(sequence)  # 2.0 is the integer 2 (JSON Schema, and the entries)
             if type(sequence) is not int or sequence < 1:
                 raise Invalid(
                     "entrySequence must be a positive integer",
