@@ -115,7 +115,6 @@ async def open_service(
         anchoring = AnchoringHandle()
         if config.anchoring.enabled:
             await _start_anchoring(nursery, config, store, writer, anchoring)
-        entries.on_version = anchoring.nudge
         bonds = Bonds(
             store=store,
             changes=changes,

@@ -86,7 +86,6 @@ class Entries:
         self.clock_ms = clock_ms
         # Every version records its anchor intent while anchoring is on (design §8).
         self.anchoring = config.anchoring.enabled
-        self.on_version: Callable[[], None] = lambda: None  # a version (and intent) was written
 
     # --- writes -------------------------------------------------------------------------
 
@@ -214,7 +213,6 @@ class Entries:
         process when the log record reaches it)."""
         if outcome.replayed or outcome.refusal is not None or outcome.sequence is None:
             return outcome
-        self.on_version()
         seq, doc = outcome.sequence, outcome.unwrap()
         self.cache.invalidate(did)
         versions = [doc] if previous is None else [previous, doc]
