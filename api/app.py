@@ -6,7 +6,7 @@ from quart import Response, has_request_context, request, websocket
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from api import anchors, auth, discover, entries, ops, transfers, trust
+from api import anchors, auth, discover, entries, federation, ops, transfers, trust
 from api.errors import error_response
 from api.http import Deps, new_request_id
 from registry.errors import Invalid, MethodNotAllowed, NotFound, RegistryError, TooLarge
@@ -30,6 +30,7 @@ def create_app(dependencies: Deps) -> QuartTrio:
     trust.register(app)
     transfers.register(app)
     anchors.register(app)
+    federation.register(app)
 
     @app.errorhandler(HTTPException)
     async def http_error(exc: HTTPException) -> Response:

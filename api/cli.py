@@ -76,6 +76,8 @@ def _setup_logging(config: Config) -> None:
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=config.logging.level, handlers=[handler])
+    # The peer actors' HTTP client logs every request at INFO: a pull every few seconds.
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
 
 
 # --- serve, migrate -----------------------------------------------------------------------------

@@ -84,34 +84,39 @@ def register(app: QuartTrio) -> None:
     @endpoint("read")
     async def get_entry(ctx: Ctx, did: str) -> Response:
         entries = deps().entries
-        served = await entries.get(did)
+        served = await entries.read(did)
         doc = served.at(entries.clock_ms())
         # Attestations change what is served without a new version: they are in the tag.
         etag = _etag(served.sequence) if doc is served.doc else _attested_etag(served, doc)
+        origin = {} if served.origin is None else {"Registry-Origin": served.origin}
+        if served.origin is not None:
+            etag = f'"r{served.sequence}-{hashlib.sha256(served.origin.encode()).hexdigest()[:8]}"'
         if _matches(request.headers.get("If-None-Match"), etag):
-            response = Response(b"", status=304, headers={"ETag": etag})
+            response = Response(b"", status=304, headers={"ETag": etag, **origin})
             del response.headers["Content-Type"]
             return response
-        return json_response(doc, 200, ETag=etag)
+        return json_response(doc, 200, ETag=etag, **origin)
 
     @app.get("/v1/entries/<did>/lineage")
     @endpoint("read")
     async def get_entry_lineage(ctx: Ctx, did: str) -> Response:
-        served = await deps().entries.get(did)
+        served = await deps().entries.read(did)
         lineage = json.loads(served.doc).get("lineageReference")
-        return json_response(dumps({"entryDid": did, "lineage": lineage}))
+        origin = {} if served.origin is None else {"Registry-Origin": served.origin}
+        return json_response(dumps({"entryDid": did, "lineage": lineage}), 200, **origin)
 
     @app.get("/v1/entries/<did>/versions")
     @endpoint("read")
     async def list_entry_versions(ctx: Ctx, did: str) -> Response:
-        docs, cursor, has_more, total = await deps().entries.list_versions(
+        docs, cursor, has_more, total, origin = await deps().entries.read_versions(
             did, limit=int_param("limit"), cursor=request.args.get("cursor")
         )
         head = '{"entryDid":' + dumps(did) + ',"versions":[' + ",".join(docs) + "]"
         tail = f',"hasMore":{"true" if has_more else "false"},"totalCount":{total}'
         if cursor is not None:
             tail = ',"cursor":' + dumps(cursor) + tail
-        return json_response(head + tail + "}")
+        headers = {} if origin is None else {"Registry-Origin": origin}
+        return json_response(head + tail + "}", 200, **headers)
 
     @app.get("/v1/entries/<did>/versions/<sequence>")
     @endpoint("read")
@@ -121,5 +126,5 @@ def register(app: QuartTrio) -> None:
             if re.fullmatch(r"[1-9][0-9]*", sequence):  # well-formed, beyond any sequence
                 raise NotFound("no such version of this entry", code="version_not_found")
             raise Invalid("sequence must be a positive integer", code="invalid_sequence")
-        doc = await deps().entries.get_version(did, number)
-        return json_response(doc)
+        doc, origin = await deps().entries.read_version(did, number)
+        return json_response(doc, 200, **({} if origin is None else {"Registry-Origin": origin}))

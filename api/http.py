@@ -33,6 +33,7 @@ from registry.usecases.anchors import Anchors
 from registry.usecases.common import Principal
 from registry.usecases.discovery import Discovery
 from registry.usecases.entries import Entries
+from registry.usecases.federation import Federation
 from registry.usecases.sessions import Sessions
 from registry.usecases.transfers import Transfers
 from registry.usecases.trust import Attestations, Bonds, Reports
@@ -57,6 +58,7 @@ class Deps:
     bonds: Bonds
     transfers: Transfers
     anchors: Anchors
+    federation: Federation
 
     @property
     def registry_did(self) -> str:

@@ -596,6 +596,70 @@ _TRUST_SCHEMAS: dict[str, Any] = {
         ["intentId", "state"], intentId=_STR, state={"enum": ["pending", "abandoned"]}
     ),
     "ReportPage": _page_of("reports", "Report"),
+    # Federation (spec 2.8, 2.9).
+    "FederationPeer": _obj(
+        ["peerDid", "endpoint", "grpcEndpoint", "agreementIds", "lastSeen"],
+        peerDid=_STR,
+        endpoint=_STR,
+        grpcEndpoint=_STR,
+        agreementIds={"type": "array", "items": _STR},
+        lastSeen={"type": ["string", "null"], "format": "date-time"},
+    ),
+    "FederationPeers": {"type": "array", "items": _ref("FederationPeer")},
+    "FederationPeerStatus": _obj(
+        [
+            "peerDid",
+            "breakerState",
+            "consecutiveFailures",
+            "cursor",
+            "lag",
+            "latencyMs",
+            "lastSuccessAt",
+            "nextAttemptAt",
+            "quarantines",
+        ],
+        peerDid=_STR,
+        breakerState={"enum": ["closed", "open", "half_open"]},
+        consecutiveFailures=_INT,
+        cursor=_INT,
+        lag=_INT,
+        latencyMs={"type": ["integer", "null"]},
+        lastSuccessAt={"type": ["string", "null"], "format": "date-time"},
+        nextAttemptAt={"type": ["string", "null"], "format": "date-time"},
+        quarantines=_INT,
+    ),
+    "FederationPeerStatuses": {"type": "array", "items": _ref("FederationPeerStatus")},
+    "PeerUpdate": _body(
+        ["endpoint"],
+        endpoint={"type": "string", "minLength": 8, "maxLength": 2048, "pattern": "^https?://"},
+        grpcEndpoint={"type": "string", "maxLength": 2048},
+    ),
+    "Envelope": _obj(
+        [
+            "version",
+            "kind",
+            "algorithm",
+            "keyId",
+            "senderDid",
+            "recipientDid",
+            "timestamp",
+            "nonce",
+            "requestDigest",
+            "payload",
+            "signature",
+        ],
+        version={"const": "1"},
+        kind={"enum": ["sync_request", "sync_response", "discover_request", "discover_response"]},
+        algorithm={"const": "Ed25519"},
+        keyId=_STR,
+        senderDid=_STR,
+        recipientDid=_STR,
+        timestamp=_TIME,
+        nonce=_STR,
+        requestDigest=_STR,
+        payload={"type": "object"},
+        signature=_STR,
+    ),
 }
 
 
@@ -661,6 +725,7 @@ _REQUEST_SCHEMAS = frozenset(
         "OfferRequest",
         "AcceptRequest",
         "DeclineRequest",
+        "PeerUpdate",
     }
 )
 
@@ -1183,6 +1248,45 @@ def _trust_paths() -> dict[str, Any]:
                     "409": "the intent's state does not permit it",
                 },
                 params=[_path("intent_id")],
+            )
+        },
+        "/v1/federation/sync": {
+            "post": _operation(
+                "federation_sync",
+                "Pull local entry versions after fromSequence (a peer, by signed envelope)",
+                {"200": _ok("Envelope", "A signed sync_response")},
+                {
+                    "400": "the payload is not {fromSequence, maxEntries, agreementId?}",
+                    "401": "envelope missing or malformed; signature, timestamp, nonce or"
+                    " controller invalid; wrong recipient; nonce replayed",
+                    "403": "unknown peer; peer may not sync; agreement not active",
+                },
+                body="Envelope",
+            )
+        },
+        "/v1/federation/peers": {
+            "get": _operation(
+                "list_federation_peers",
+                "The configured federation peers",
+                {"200": _ok("FederationPeers")},
+            )
+        },
+        "/v1/federation/peers/self": {
+            "put": write(
+                "update_federation_peer",
+                "A peer registers its endpoint (session of a configured peer)",
+                ("200", "FederationPeer"),
+                {"400": "endpoint is not an http(s) URL", "403": "not a federation peer"},
+                body="PeerUpdate",
+            )
+        },
+        "/v1/admin/federation/peers": {
+            "get": _operation(
+                "federation_peer_status",
+                "Each peer's sync status: breaker, cursor, lag, latency, quarantines (admin)",
+                {"200": _ok("FederationPeerStatuses")},
+                {"403": "not admin"},
+                auth=True,
             )
         },
         "/v1/transfers/offers": {

@@ -26,6 +26,7 @@ class Served:
     sequence: int
     doc: str
     attestations: tuple[tuple[int | None, str], ...] = ()
+    origin: str | None = None  # a replica: the DID of the peer registry it was synced from
 
     def at(self, now_ms: int) -> str:
         """The entry as served at `now_ms`: with `verifiableAttestations` listing the

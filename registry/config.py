@@ -180,6 +180,17 @@ class BondsConfig(_Section):
 
 class FederationConfig(_Section):
     peers: list[PeerConfig] = Field(default_factory=list)
+    poll_seconds: Annotated[float, Field(gt=0)] = 5.0  # between pulls of a caught-up peer
+    request_timeout_seconds: Annotated[float, Field(gt=0)] = 10.0  # one sync request
+    page_size: Annotated[int, Field(ge=1, le=1000)] = 1000  # maxEntries asked of a peer
+    discover_budget_seconds: Annotated[float, Field(gt=0)] = 3.0  # a federated query in all
+
+    @model_validator(mode="after")
+    def _distinct(self) -> FederationConfig:
+        dids = [p.peer_did for p in self.peers]
+        if len(set(dids)) != len(dids):
+            raise ValueError("each peer_did may appear only once in [[federation.peers]]")
+        return self
 
 
 class EventsConfig(_Section):

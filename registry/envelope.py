@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
-from registry.canonical import canonicalize, sha256_hex
+from registry.canonical import canonical_members, canonicalize, join_members, sha256_hex
 from registry.did import controller_of, public_key_from_key_id
 from registry.errors import Invalid, Unauthorized
 from registry.keys import SigningKey, b64url_decode, b64url_encode, verify
@@ -45,6 +45,7 @@ NONCE_BYTES: Final = 16  # what we send: 128 bits (design §9)
 NONCE_MIN_BYTES: Final = 16  # what we accept
 NONCE_MAX_BYTES: Final = 64
 MAX_ENTRIES_LIMIT: Final = 1000
+MAX_SEQUENCE: Final = 2**63 - 1
 
 REQUEST_KINDS: Final = frozenset({"sync_request", "discover_request"})
 RESPONSE_KINDS: Final = frozenset({"sync_response", "discover_response"})
@@ -182,6 +183,40 @@ def build_response(
         now_ms=now_ms,
         nonce=nonce,
     )
+
+
+def build_response_text(
+    key: SigningKey,
+    *,
+    request: dict[str, Any],
+    kind: str,
+    payload_jcs: str,
+    now_ms: int,
+    nonce: str | None = None,
+) -> str:
+    """`build_response` for a payload already in JCS form (e.g. stored entry documents joined
+    as they are): the signed envelope's JCS text, without parsing or re-encoding the payload."""
+    if kind != RESPONSE_FOR.get(request.get("kind", "")):
+        raise ValueError(f"{kind!r} does not answer a {request.get('kind')!r}")
+    if nonce is None:
+        nonce = new_nonce()
+    members = canonical_members(
+        {
+            "version": VERSION,
+            "kind": kind,
+            "algorithm": ALGORITHM,
+            "keyId": key.key_id,
+            "senderDid": key.did,
+            "recipientDid": request["senderDid"],
+            "timestamp": format_timestamp(now_ms),
+            "nonce": nonce,
+            "requestDigest": response_digest(request),
+        }
+    )
+    members["payload"] = payload_jcs
+    signature = key.sign(join_members(members).encode("utf-8"))
+    members["signature"] = canonicalize(b64url_encode(signature)).decode("utf-8")
+    return join_members(members)
 
 
 # --- verifying --------------------------------------------------------------------------------
@@ -420,26 +455,35 @@ def _count(payload: dict[str, Any], name: str, minimum: int) -> int:
     value = payload[name]
     if not isinstance(value, int) or isinstance(value, bool):
         raise _invalid_payload("wrong_type", f"{name} must be an integer", field=name)
-    if value < minimum:
-        raise _invalid_payload("out_of_range", f"{name} must be at least {minimum}", field=name)
+    if value < minimum or value > MAX_SEQUENCE:
+        raise _invalid_payload(
+            "out_of_range", f"{name} must be in {minimum}..{MAX_SEQUENCE}", field=name
+        )
     return value
 
 
-def sync_request_payload(payload: Any) -> tuple[int, int]:
-    """`(fromSequence, maxEntries)` of a sync request payload; 400 `Invalid` when malformed.
+def sync_request_payload(payload: Any) -> tuple[int, int, str | None]:
+    """`(fromSequence, maxEntries, agreementId)` of a sync request payload; 400 `Invalid` when
+    malformed.
 
-    Exactly those two members; `fromSequence` ≥ 0 (exclusive: changes after it), `maxEntries`
-    ≥ 1 (clamp it with `clamp_max_entries`; a large value is not an error)."""
+    `fromSequence` ≥ 0 (exclusive: changes after it), `maxEntries` ≥ 1 (clamp it with
+    `clamp_max_entries`; a large value is not an error), and optionally `agreementId` (a
+    non-empty string: the agreement the request is made under); no other member."""
     if not isinstance(payload, dict):
         raise _invalid_payload("not_an_object", "payload must be an object")
     members = {"fromSequence", "maxEntries"}
     missing = sorted(members - payload.keys())
     if missing:
         raise _invalid_payload("missing_members", f"missing {missing}", members=missing)
-    unknown = sorted(payload.keys() - members)
+    unknown = sorted(payload.keys() - members - {"agreementId"})
     if unknown:
         raise _invalid_payload("unknown_members", f"unknown {unknown}", members=unknown)
-    return _count(payload, "fromSequence", 0), _count(payload, "maxEntries", 1)
+    agreement = payload.get("agreementId")
+    if agreement is not None and (not isinstance(agreement, str) or not 1 <= len(agreement) <= 255):
+        raise _invalid_payload(
+            "wrong_type", "agreementId must be a string of 1..255 characters", field="agreementId"
+        )
+    return _count(payload, "fromSequence", 0), _count(payload, "maxEntries", 1), agreement
 
 
 def clamp_max_entries(n: int, maximum: int = MAX_ENTRIES_LIMIT) -> int:

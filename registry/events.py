@@ -33,7 +33,7 @@ PUBLIC_KINDS = frozenset(
         "anchor.updated",
     }
 )
-ADMIN_KINDS = frozenset({"peer.status"})
+ADMIN_KINDS = frozenset({"peer.status", "peer.updated"})
 KINDS = PUBLIC_KINDS | ADMIN_KINDS
 
 MAX_FILTER_ITEMS = 100

@@ -8,12 +8,14 @@ from dataclasses import dataclass
 from decimal import Decimal
 from functools import partial
 
+import httpx
 import trio
 from quart_trio import QuartTrio
 
 from actors.anchoring import AnchoringHandle, run_anchoring
 from actors.caches import Caches, run_cache_keeper
 from actors.chain import LocalChainClient, run_local_chain
+from actors.federation import FederationHandle, HttpTransport, PeerDeps, run_federation
 from actors.janitor import run_janitor
 from actors.log import LogHandle, run_log
 from actors.ratelimiter import RateLimiter, run_rate_limiter
@@ -34,6 +36,7 @@ from registry.usecases.anchors import Anchors
 from registry.usecases.common import now_ms
 from registry.usecases.discovery import Discovery
 from registry.usecases.entries import Entries
+from registry.usecases.federation import Federation
 from registry.usecases.sessions import Sessions
 from registry.usecases.transfers import Transfers
 from registry.usecases.trust import Attestations, Bonds, Reports
@@ -53,6 +56,7 @@ class Service:
     caches: Caches
     limiter: RateLimiter
     anchoring: AnchoringHandle
+    federation: FederationHandle
 
 
 @asynccontextmanager
@@ -127,6 +131,14 @@ async def open_service(
                 Decimal(config.bonds.treasury_share),
             ),
         )
+        federation_handle = FederationHandle()
+        federation = Federation(
+            store=store, changes=changes, config=config, key=key, live=federation_handle.live
+        )
+        if config.federation.peers:
+            await _start_federation(
+                nursery, config, store, writer, key, federation, federation_handle
+            )
         deps = Deps(
             entries=entries,
             sessions=sessions,
@@ -149,6 +161,7 @@ async def open_service(
                 secret=key.seed,
                 on_change=anchoring.nudge,
             ),
+            federation=federation,
         )
         app = create_app(deps)
         register_events(
@@ -160,7 +173,9 @@ async def open_service(
                 stopping=stopping if stopping is not None else trio.Event(),
             ),
         )
-        yield Service(config, store, app, deps, writer, logs, caches, limiter, anchoring)
+        yield Service(
+            config, store, app, deps, writer, logs, caches, limiter, anchoring, federation_handle
+        )
         nursery.cancel_scope.cancel()
 
 
@@ -199,3 +214,42 @@ async def _start_anchoring(
             ),
         )
     )
+
+
+async def _start_federation(
+    nursery: trio.Nursery,
+    config: Config,
+    store: Store,
+    writer: Writer,
+    key: SigningKey,
+    federation: Federation,
+    handle: FederationHandle,
+) -> None:
+    """The PeerActors (pulling only while this process holds the federation lock), over one
+    HTTP client whose connections the peers share."""
+    limits = config.limits
+    client = httpx.AsyncClient(timeout=config.federation.request_timeout_seconds)
+
+    async def run() -> None:
+        async with client:
+            await supervise(
+                "federation",
+                partial(
+                    run_federation,
+                    PeerDeps(
+                        store=store,
+                        append=writer.append,
+                        key=key,
+                        transport=HttpTransport(
+                            client,
+                            max_bytes=limits.federation_body_bytes + 2 * limits.entry_body_bytes,
+                        ),
+                        config=config.federation,
+                        endpoint_of=federation.endpoint_of,
+                        handle=handle,
+                        clock_ms=now_ms,
+                    ),
+                ),
+            )
+
+    nursery.start_soon(run)

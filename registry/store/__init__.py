@@ -25,8 +25,10 @@ __all__ = [
     "LogRecord",
     "OpenBatch",
     "Outcome",
+    "PeerRow",
     "Receipt",
     "RecordRow",
+    "ReplicaVersion",
     "SessionRecord",
     "Store",
 ]
@@ -99,6 +101,26 @@ class RecordRow:
     expires_ms: int | None
     created_seq: int
     updated_seq: int
+    doc: str
+
+
+@dataclass(frozen=True)
+class PeerRow:
+    """A peer's durable sync state (migration 0011): see `registry.federation.PeerState`."""
+
+    peer_did: str
+    cursor: int
+    status: dict[str, Any]
+    quarantines: int
+
+
+@dataclass(frozen=True)
+class ReplicaVersion:
+    """A version of an entry synced from its origin registry (a peer)."""
+
+    origin_did: str
+    origin_seq: int
+    lifecycle: str
     doc: str
 
 
@@ -198,6 +220,33 @@ class Store(Protocol):
     def leadership(self, name: str) -> AbstractAsyncContextManager[Leadership]:
         """Hold the named leadership (one holder per database) while inside; waits for it."""
         ...
+
+    # Federation (migration 0011): what sync serves, nonces, peers' state, replicas.
+    async def sync_page(
+        self, after_seq: int, limit: int, max_bytes: int
+    ) -> tuple[list[tuple[int, str]], int, bool]:
+        """Local entry versions after `after_seq` in sequence order (at most `limit`, and
+        within `max_bytes` of documents but at least one), the log head, and whether more
+        versions follow the page, all in one snapshot."""
+        ...
+
+    async def burn_nonce(self, sender_did: str, nonce: str, expires_ms: int) -> bool:
+        """Record a received envelope's nonce; False if that sender already used it."""
+        ...
+
+    async def get_peer(self, peer_did: str) -> PeerRow | None: ...
+    async def list_peers(self) -> list[PeerRow]: ...
+    async def replica_head(self, entry_did: str) -> ReplicaVersion | None:
+        """The newest replica version of `entry_did` (of the origin synced last)."""
+        ...
+
+    async def replica_versions(
+        self, entry_did: str, origin_did: str, before_seq: int | None, limit: int
+    ) -> tuple[list[str], int]:
+        """Live (not tombstone) replica versions of one origin, newest first, and their count."""
+        ...
+
+    async def replica_version(self, entry_did: str, origin_did: str, seq: int) -> str | None: ...
 
     async def log_after(self, after_seq: int, limit: int) -> list[LogRecord]: ...
     async def log_head(self) -> int: ...

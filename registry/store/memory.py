@@ -46,8 +46,10 @@ from registry.store import (
     EntryHead,
     IntentRow,
     OpenBatch,
+    PeerRow,
     Receipt,
     RecordRow,
+    ReplicaVersion,
     SessionRecord,
     Store,
 )
@@ -60,7 +62,7 @@ __all__ = ["HANDLERS", "MemoryStore", "MemoryWakeups"]
 K = TypeVar("K")
 V = TypeVar("V")
 
-MODELLED_SCHEMA = 10  # the migration whose semantics this fake follows
+MODELLED_SCHEMA = 11  # the migration whose semantics this fake follows
 IDEMPOTENCY_TTL_MS = 24 * 3600 * 1000  # an idempotency record answers for 24 hours
 SESSION_GRACE_MS = 24 * 3600 * 1000  # expired sessions are purged a day later
 CHALLENGE_GRACE_MS = 3600 * 1000  # put_challenge collects challenges expired an hour ago
@@ -144,6 +146,14 @@ class _Record:
 
 
 @dataclass(frozen=True)
+class _Replica:
+    entry_did: str
+    lifecycle: str
+    doc: str
+    synced_seq: int
+
+
+@dataclass(frozen=True)
 class _Session:
     record: SessionRecord
     revoked_ms: int | None = None
@@ -169,6 +179,10 @@ class _Tables:
         self.intent_of_seq: dict[int, str] = {}
         self.batches: dict[int, _Batch] = {}
         self.receipts: dict[str, list[int]] = {}  # intent id → its batch ids
+        self.nonces: dict[tuple[str, str], int] = {}  # (sender, nonce) → expiry ms
+        self.peers: dict[str, PeerRow] = {}
+        self.replicas: dict[tuple[str, int], _Replica] = {}  # (origin, origin seq)
+        self.quarantine: dict[tuple[str, int], Mapping[str, Any]] = {}
 
 
 class _Tx:
@@ -476,6 +490,37 @@ def _apply_anchor_control(
     return json.dumps({"intentId": intent.intent_id, "state": to}), None
 
 
+def _apply_peer_sync(
+    tx: _Tx, seq: int, subject: str | None, rows: Mapping[str, Any]
+) -> tuple[str | None, Refusal | None]:
+    """`apply_peer_sync` (migration 0011): a peer's pull, compare-and-set on its cursor."""
+    peer = _text(rows, "peerDid")
+    found = tx.tables.peers.get(peer)
+    cursor = 0 if found is None else found.cursor
+    if cursor != int(rows["expectedCursor"]):
+        return None, Refusal(
+            "Conflict",
+            "peer_cursor_moved",
+            "the peer's cursor moved meanwhile",
+            {"peerDid": peer, "cursor": cursor},
+        )
+    for r in rows.get("replicas") or []:
+        key = (peer, int(r["seq"]))
+        if key not in tx.tables.replicas:
+            replica = _Replica(_text(r, "entryDid"), _text(r, "lifecycle"), _text(r, "doc"), seq)
+            tx.put(tx.tables.replicas, key, replica)
+    added = 0
+    for q in rows.get("quarantined") or []:
+        key = (peer, int(q["seq"]))
+        if key not in tx.tables.quarantine:
+            tx.put(tx.tables.quarantine, key, dict(q))
+            added += 1
+    status = dict(rows["status"])
+    total = added + (0 if found is None else found.quarantines)
+    tx.put(tx.tables.peers, peer, PeerRow(peer, int(rows["cursor"]), status, total))
+    return json.dumps({**status, "quarantines": total}), None
+
+
 # The handler of each kind of change (the same kinds as `registry.store.pg.HANDLERS`).
 HANDLERS: dict[str, Handler] = {
     "entry.created": _apply_entry_version,
@@ -485,6 +530,7 @@ HANDLERS: dict[str, Handler] = {
     "anchor.claimed": _apply_anchor_claim,
     "anchor.settled": _apply_anchor_settle,
     "anchor.updated": _apply_anchor_control,
+    "peer.status": _apply_peer_sync,
     **{
         kind: _apply_records
         for kind in (
@@ -499,6 +545,7 @@ HANDLERS: dict[str, Handler] = {
             "transfer.declined",
             "transfer.cancelled",
             "entry.transferred",
+            "peer.updated",  # a peer's self-registration (migration 0011)
         )
     },
 }
@@ -955,6 +1002,7 @@ class MemoryStore:
                 if s.record.expires_at_ms < now - SESSION_GRACE_MS
             ],
             "challenges": [k for k, c in tables.challenges.items() if c.expires_ms < now],
+            "nonces": [k for k, expires in tables.nonces.items() if expires <= now],
         }
         for key in expired["idempotency"]:
             del tables.idempotency[key]
@@ -962,7 +1010,77 @@ class MemoryStore:
             del tables.sessions[key]
         for key in expired["challenges"]:
             del tables.challenges[key]
+        for key in expired["nonces"]:
+            del tables.nonces[key]
         return {name: len(keys) for name, keys in expired.items() if keys}
+
+    # --- federation -----------------------------------------------------------------------
+
+    async def sync_page(
+        self, after_seq: int, limit: int, max_bytes: int
+    ) -> tuple[list[tuple[int, str]], int, bool]:
+        await self._call(write=False)
+        head = len(self._tables.log)
+        seqs = sorted(s for s in self._tables.versions if after_seq < s <= head)[: limit + 1]
+        page: list[tuple[int, str]] = []
+        size = 0
+        for seq in seqs[:limit]:
+            doc = self._tables.versions[seq].doc
+            if page and size >= max_bytes:
+                break
+            page.append((seq, doc))
+            size += len(doc.encode("utf-8"))
+        return page, head, len(seqs) > len(page)
+
+    async def burn_nonce(self, sender_did: str, nonce: str, expires_ms: int) -> bool:
+        await self._call(write=True)
+        key = (sender_did, nonce)
+        found = self._tables.nonces.get(key)
+        if found is not None and found > self.clock_ms():
+            return False
+        self._tables.nonces[key] = expires_ms
+        return True
+
+    async def get_peer(self, peer_did: str) -> PeerRow | None:
+        await self._call(write=False)
+        return self._tables.peers.get(peer_did)
+
+    async def list_peers(self) -> list[PeerRow]:
+        await self._call(write=False)
+        return [self._tables.peers[d] for d in sorted(self._tables.peers)]
+
+    def _replicas_of(self, entry_did: str) -> list[tuple[tuple[str, int], _Replica]]:
+        return [(k, r) for k, r in self._tables.replicas.items() if r.entry_did == entry_did]
+
+    async def replica_head(self, entry_did: str) -> ReplicaVersion | None:
+        await self._call(write=False)
+        found = self._replicas_of(entry_did)
+        if not found:
+            return None
+        (origin, seq), r = max(found, key=lambda kr: (kr[1].synced_seq, kr[0][1]))
+        return ReplicaVersion(origin, seq, r.lifecycle, r.doc)
+
+    async def replica_versions(
+        self, entry_did: str, origin_did: str, before_seq: int | None, limit: int
+    ) -> tuple[list[str], int]:
+        await self._call(write=False)
+        live = sorted(
+            (
+                (k[1], r.doc)
+                for k, r in self._replicas_of(entry_did)
+                if k[0] == origin_did and r.lifecycle != "deleted"
+            ),
+            reverse=True,
+        )
+        page = [doc for seq, doc in live if before_seq is None or seq < before_seq]
+        return page[:limit], len(live)
+
+    async def replica_version(self, entry_did: str, origin_did: str, seq: int) -> str | None:
+        await self._call(write=False)
+        r = self._tables.replicas.get((origin_did, seq))
+        if r is None or r.entry_did != entry_did or r.lifecycle == "deleted":
+            return None
+        return r.doc
 
     # --- the log --------------------------------------------------------------------------
 

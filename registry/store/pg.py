@@ -26,7 +26,16 @@ from registry.anchoring import Member
 from registry.changes import IDEMPOTENCY_CONFLICT, Change, IdemKey, LogRecord, Outcome, Refusal
 from registry.errors import Invalid, Unavailable
 from registry.query import RegistryQuery
-from registry.store import EntryHead, IntentRow, OpenBatch, Receipt, RecordRow, SessionRecord
+from registry.store import (
+    EntryHead,
+    IntentRow,
+    OpenBatch,
+    PeerRow,
+    Receipt,
+    RecordRow,
+    ReplicaVersion,
+    SessionRecord,
+)
 from registry.store.discover import Plan, compile_discover
 from registry.store.pool import LeanPool
 
@@ -112,6 +121,8 @@ HANDLERS: dict[str, str] = {
     "anchor.claimed": "apply_anchor_claim",
     "anchor.settled": "apply_anchor_settle",
     "anchor.updated": "apply_anchor_control",
+    # Federation (migration 0011): a peer's pull (replicas, quarantines, cursor, status).
+    "peer.status": "apply_peer_sync",
     # Trust and ownership records (migration 0009): versioned documents, compare-and-set.
     **{
         kind: "apply_records"
@@ -127,6 +138,7 @@ HANDLERS: dict[str, str] = {
             "transfer.declined",
             "transfer.cancelled",
             "entry.transferred",
+            "peer.updated",  # a peer's self-registration (migration 0011)
         )
     },
 }
@@ -201,6 +213,10 @@ _INTENT_COLUMNS = (
 )
 LEADERSHIP_POLL_SECONDS = 2.0
 _MEMBERS_PAGE = 5_000  # batch members read per round trip
+
+
+def _peer(row: Any) -> PeerRow:
+    return PeerRow(row["peer_did"], row["cursor"], json.loads(row["status"]), row["quarantines"])
 
 
 def _intent(row: Any, receipts: tuple[Receipt, ...]) -> IntentRow:
@@ -629,12 +645,111 @@ class PgStore:
             "idempotency": "DELETE FROM idempotency WHERE created_at < now() - interval '24 hours'",
             "sessions": "DELETE FROM sessions WHERE expires_at < now() - interval '1 day'",
             "challenges": "DELETE FROM challenges WHERE expires_at < now()",
+            "nonces": "DELETE FROM federation_nonces WHERE expires_ms <= epoch_ms(now())",
         }
         async with self._pool.acquire() as conn:
             for name, sql in statements.items():
                 status = await conn.execute(sql)
                 counts[name] = int(status.rsplit(" ", 1)[-1])
         return {k: v for k, v in counts.items() if v}
+
+    # --- federation -----------------------------------------------------------------------
+
+    @_seam
+    async def sync_page(
+        self, after_seq: int, limit: int, max_bytes: int
+    ) -> tuple[list[tuple[int, str]], int, bool]:
+        rows = await self._pool.fetch(
+            "SELECT h.seq AS head, t.seq, t.doc, t.n FROM log_head AS h LEFT JOIN LATERAL ("
+            "  SELECT s.seq, s.doc, s.n FROM ("
+            "    SELECT v.seq, v.doc, sum(octet_length(v.doc)) OVER w AS run,"
+            "           row_number() OVER w AS rn, count(*) OVER () AS n"
+            "      FROM (SELECT seq, doc FROM entry_versions"
+            "             WHERE seq > $1 AND seq <= h.seq ORDER BY seq LIMIT $2 + 1) AS v"
+            "    WINDOW w AS (ORDER BY v.seq)) AS s"
+            "   WHERE s.rn <= $2 AND s.run - octet_length(s.doc) < $3 ORDER BY s.seq) AS t ON true"
+            " WHERE h.id = 1",
+            after_seq,
+            limit,
+            max_bytes,
+        )
+        head = int(rows[0]["head"]) if rows else 0
+        page = [(r["seq"], r["doc"]) for r in rows if r["seq"] is not None]
+        more = bool(page) and int(rows[0]["n"]) > len(page)
+        return page, head, more
+
+    @_seam
+    async def burn_nonce(self, sender_did: str, nonce: str, expires_ms: int) -> bool:
+        status = await self._pool.execute(
+            "INSERT INTO federation_nonces (sender_did, nonce, expires_ms) VALUES ($1, $2, $3)"
+            " ON CONFLICT (sender_did, nonce) DO UPDATE SET expires_ms = EXCLUDED.expires_ms"
+            " WHERE federation_nonces.expires_ms <= epoch_ms(now())",
+            sender_did,
+            nonce,
+            expires_ms,
+        )
+        return bool(status.endswith(" 1"))
+
+    @_seam
+    async def get_peer(self, peer_did: str) -> PeerRow | None:
+        row = await self._pool.fetchrow(
+            "SELECT peer_did, cursor, status::text AS status, quarantines FROM federation_peers"
+            " WHERE peer_did = $1",
+            peer_did,
+        )
+        return None if row is None else _peer(row)
+
+    @_seam
+    async def list_peers(self) -> list[PeerRow]:
+        rows = await self._pool.fetch(
+            "SELECT peer_did, cursor, status::text AS status, quarantines FROM federation_peers"
+            " ORDER BY peer_did"
+        )
+        return [_peer(r) for r in rows]
+
+    @_seam
+    async def replica_head(self, entry_did: str) -> ReplicaVersion | None:
+        row = await self._pool.fetchrow(
+            "SELECT origin_did, origin_seq, lifecycle, doc FROM replica_versions"
+            " WHERE entry_did = $1 ORDER BY synced_seq DESC, origin_seq DESC LIMIT 1",
+            entry_did,
+        )
+        if row is None:
+            return None
+        return ReplicaVersion(row["origin_did"], row["origin_seq"], row["lifecycle"], row["doc"])
+
+    @_seam
+    async def replica_versions(
+        self, entry_did: str, origin_did: str, before_seq: int | None, limit: int
+    ) -> tuple[list[str], int]:
+        async with self._pool.acquire() as conn:
+            rows = await conn.fetch(
+                "SELECT doc FROM replica_versions WHERE entry_did = $1 AND origin_did = $2"
+                " AND lifecycle <> 'deleted' AND ($3::bigint IS NULL OR origin_seq < $3)"
+                " ORDER BY origin_seq DESC LIMIT $4",
+                entry_did,
+                origin_did,
+                before_seq,
+                limit,
+            )
+            total = await conn.fetchval(
+                "SELECT count(*) FROM replica_versions WHERE entry_did = $1 AND origin_did = $2"
+                " AND lifecycle <> 'deleted'",
+                entry_did,
+                origin_did,
+            )
+        return [r["doc"] for r in rows], int(total)
+
+    @_seam
+    async def replica_version(self, entry_did: str, origin_did: str, seq: int) -> str | None:
+        value = await self._pool.fetchval(
+            "SELECT doc FROM replica_versions WHERE origin_did = $1 AND origin_seq = $2"
+            " AND entry_did = $3 AND lifecycle <> 'deleted'",
+            origin_did,
+            seq,
+            entry_did,
+        )
+        return None if value is None else str(value)
 
     # --- the log --------------------------------------------------------------------------
 

@@ -22,7 +22,7 @@ from registry.changes import Change, ChangeLog, IdemKey, Outcome
 from registry.config import Config
 from registry.errors import Conflict, Forbidden, Invalid, NotFound
 from registry.matching import facts_of
-from registry.store import EntryHead, Store
+from registry.store import EntryHead, ReplicaVersion, Store
 from registry.usecases.common import Principal, now_ms, page_size, parse_sequence, rfc3339
 
 log = logging.getLogger(__name__)
@@ -245,6 +245,68 @@ class Entries:
         )
         self.cache.put(did, served, epoch)
         return served
+
+    # --- reads that fall back to replicas (design §12) -------------------------------------
+
+    async def replica(self, did: str) -> ReplicaVersion | None:
+        """The live replica of `did` synced from a peer, if no local entry has that DID (a
+        deleted local entry wins too: its DID is never served from elsewhere)."""
+        if await self.store.get_entry_head(did) is not None:
+            return None
+        found = await self.store.replica_head(did)
+        return None if found is None or found.lifecycle == "deleted" else found
+
+    async def read(self, did: str) -> Served:
+        """GET /v1/entries/{did}: the local entry, else its replica (with its `origin`)."""
+        try:
+            return await self.get(did)
+        except NotFound:
+            found = await self.replica(did)
+            if found is None:
+                raise
+            return Served(found.origin_seq, found.doc, origin=found.origin_did)
+
+    async def read_versions(
+        self, did: str, *, limit: int | None, cursor: str | None
+    ) -> tuple[list[str], str | None, bool, int, str | None]:
+        """`list_versions`, else the replica's versions; the last item is the origin."""
+        try:
+            return (*await self.list_versions(did, limit=limit, cursor=cursor), None)
+        except NotFound:
+            found = await self.replica(did)
+            if found is None:
+                raise
+        size = page_size(self.config.limits, limit)
+        before = self._before(cursor)
+        docs, total = await self.store.replica_versions(did, found.origin_did, before, size + 1)
+        has_more = len(docs) > size
+        docs = docs[:size]
+        next_cursor = str(_sequence_of(docs[-1])) if has_more and docs else None
+        return docs, next_cursor, has_more, total, found.origin_did
+
+    async def read_version(self, did: str, sequence: int) -> tuple[str, str | None]:
+        """`get_version`, else the replica's version of that origin sequence, with the origin."""
+        try:
+            return await self.get_version(did, sequence), None
+        except NotFound as exc:
+            if exc.code == "version_not_found":
+                raise
+            found = await self.replica(did)
+            if found is None:
+                raise
+        doc = await self.store.replica_version(did, found.origin_did, sequence)
+        if doc is None:
+            raise NotFound("no such version of this entry", code="version_not_found")
+        return doc, found.origin_did
+
+    @staticmethod
+    def _before(cursor: str | None) -> int | None:
+        if cursor is None:
+            return None
+        before = parse_sequence(cursor)
+        if before is None:
+            raise Invalid("cursor must be a sequence from a previous page", code="invalid_cursor")
+        return before
 
     async def list_versions(
         self, did: str, *, limit: int | None, cursor: str | None

@@ -99,7 +99,10 @@ class Sessions:
                 signer.did,
                 defaults=auth.default_capabilities,
                 admin_dids=auth.admin_dids,
-                federation_dids=auth.federation_dids,
+                federation_dids=[
+                    *auth.federation_dids,
+                    *(p.peer_did for p in self.config.federation.peers),
+                ],
             ),
             expires_at_ms=expires,
         )

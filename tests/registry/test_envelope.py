@@ -105,7 +105,7 @@ def test_request_round_trip() -> None:
         timestamp_ms=NOW,
         payload=SYNC,
     )
-    assert sync_request_payload(verified.payload) == (41, 100)
+    assert sync_request_payload(verified.payload) == (41, 100, None)
 
 
 def test_response_round_trip_is_addressed_to_the_requester() -> None:
@@ -630,6 +630,10 @@ def test_jcs_bytes_and_signature_are_pinned_for_a_fixed_envelope() -> None:
     [
         ({"fromSequence": 0, "maxEntries": 1}, None),
         ({"fromSequence": 7, "maxEntries": 5000}, None),
+        ({"fromSequence": 7, "maxEntries": 5, "agreementId": "default"}, None),
+        ({"fromSequence": 0, "maxEntries": 1, "agreementId": ""}, "wrong_type"),
+        ({"fromSequence": 0, "maxEntries": 1, "agreementId": 3}, "wrong_type"),
+        ({"fromSequence": 2**63, "maxEntries": 1}, "out_of_range"),
         ([], "not_an_object"),
         (None, "not_an_object"),
         ({"fromSequence": 0}, "missing_members"),
@@ -645,7 +649,11 @@ def test_jcs_bytes_and_signature_are_pinned_for_a_fixed_envelope() -> None:
 )
 def test_sync_request_payload(payload: Any, reason: str | None) -> None:
     if reason is None:
-        assert sync_request_payload(payload) == (payload["fromSequence"], payload["maxEntries"])
+        assert sync_request_payload(payload) == (
+            payload["fromSequence"],
+            payload["maxEntries"],
+            payload.get("agreementId"),
+        )
         return
     with pytest.raises(Invalid) as info:
         sync_request_payload(payload)

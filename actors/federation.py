@@ -1,0 +1,299 @@
+"""The PeerActors: one per federation peer, each pulling its peer's changes (design §9).
+
+Theory of operation. Pulling is leader work: `run_federation` first takes the `federation`
+leadership (a PostgreSQL advisory lock on a connection of its own), so of several `registry
+serve` processes on one database exactly one pulls; if that connection is lost the run ends
+(`Unavailable`) and `supervise` restarts it, competing for the lock again. As leader it runs one
+`PeerActor` per configured peer allowed to `sync`, each in the same nursery.
+
+A PeerActor drives the sans-IO rules of `registry/federation.py` and `registry/breaker.py`:
+
+1. load the peer's durable state (cursor, breaker, head, quarantines) from the store;
+2. wait while the breaker forbids a call (open: its cooldown; closed after failures: the
+   jittered backoff);
+3. send a signed `sync_request` for the changes after the cursor to the peer's endpoint (its
+   self-registered one, else the configured one), within `request_timeout_seconds`;
+4. verify the signed `sync_response` (bound to this request by its digest), the payload's
+   shape and order, then every entry: verified ones become replicas of that origin, the others
+   are quarantined with their reason;
+5. store replicas, quarantines, the new cursor and status as one change of the append path
+   (`peer.status`, compare-and-set on the cursor; its log record is the admin-only event);
+6. at once again while the peer says `hasMore`, else after `poll_seconds`.
+
+A failure (unreachable, timeout, an error status, a bad envelope or payload) is counted by the
+breaker (5 in a row open it; its cooldown doubles up to 10 minutes) and recorded as a status
+change. A 429 is back-pressure, not a failure: the actor waits for `Retry-After`. Nothing is
+imported from an answer that fails any check, and the cursor only moves with what was stored.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+from functools import partial
+from typing import Protocol
+
+import httpx
+import trio
+
+from actors.supervisor import supervise
+from registry.breaker import DEFAULT_POLICY, BreakerPolicy
+from registry.changes import Change, IdemKey, Outcome
+from registry.config import FederationConfig, PeerConfig
+from registry.envelope import build_request, verify_envelope
+from registry.errors import RegistryError
+from registry.federation import (
+    PeerState,
+    Quarantined,
+    Replica,
+    SyncAnswer,
+    SyncAnswerInvalid,
+    after_pull,
+    read_sync_response,
+    sort_entries,
+    sync_request,
+)
+from registry.keys import SigningKey
+from registry.store import Store
+from registry.usecases.federation import peer_state
+
+log = logging.getLogger(__name__)
+
+Append = Callable[[Change, IdemKey | None], Awaitable[Outcome]]
+LEADERSHIP = "federation"
+SYNC_PATH = "/v1/federation/sync"
+
+
+# --- the transport port --------------------------------------------------------------------
+
+
+class PeerUnreachable(Exception):
+    """The request got no HTTP answer (connection refused, reset, timed out, too large)."""
+
+
+@dataclass(frozen=True)
+class PeerAnswer:
+    status: int
+    body: bytes
+    retry_after: float | None = None
+
+
+class PeerTransport(Protocol):
+    async def post(self, url: str, body: bytes) -> PeerAnswer:
+        """POST a JSON body; raise `PeerUnreachable` when no HTTP answer came back."""
+        ...
+
+
+class HttpTransport:
+    """The transport over HTTP (httpx on Trio), answers capped at `max_bytes`."""
+
+    def __init__(self, client: httpx.AsyncClient, *, max_bytes: int) -> None:
+        self.client = client
+        self.max_bytes = max_bytes
+
+    async def post(self, url: str, body: bytes) -> PeerAnswer:
+        try:
+            async with self.client.stream(
+                "POST", url, content=body, headers={"Content-Type": "application/json"}
+            ) as response:
+                chunks: list[bytes] = []
+                size = 0
+                async for chunk in response.aiter_bytes():
+                    size += len(chunk)
+                    if size > self.max_bytes:
+                        raise PeerUnreachable(f"the answer exceeds {self.max_bytes} bytes")
+                    chunks.append(chunk)
+                return PeerAnswer(
+                    response.status_code, b"".join(chunks), _retry_after(response.headers)
+                )
+        except httpx.HTTPError as exc:
+            raise PeerUnreachable(f"{type(exc).__name__}: {exc}") from None
+
+
+def _retry_after(headers: httpx.Headers) -> float | None:
+    value = headers.get("Retry-After", "")
+    return float(value) if value.isdigit() else None
+
+
+# --- the handle ------------------------------------------------------------------------------
+
+
+class FederationHandle:
+    """What outlives the actors' restarts: each peer's live state (written only by its own
+    actor; readers take a copy), and whether this process leads."""
+
+    def __init__(self) -> None:
+        self.states: dict[str, PeerState] = {}
+        self.leader = False
+
+    def live(self) -> dict[str, PeerState]:
+        return dict(self.states) if self.leader else {}
+
+
+@dataclass(frozen=True)
+class PeerDeps:
+    store: Store
+    append: Append
+    key: SigningKey
+    transport: PeerTransport
+    config: FederationConfig
+    endpoint_of: Callable[[str], Awaitable[str]]
+    handle: FederationHandle
+    clock_ms: Callable[[], int]
+    rand: Callable[[], float] = random.random
+    policy: BreakerPolicy = DEFAULT_POLICY
+
+
+async def run_federation(deps: PeerDeps) -> None:
+    """Lead the PeerActors until cancelled (run it under `supervise`)."""
+    peers = [p for p in deps.config.peers if "sync" in p.kinds]
+    if not peers:
+        await trio.sleep_forever()
+    try:
+        async with deps.store.leadership(LEADERSHIP) as leadership:
+            deps.handle.leader = True
+            log.info("federation: this process pulls from %d peer(s)", len(peers))
+            async with trio.open_nursery() as nursery:
+
+                async def watch() -> None:
+                    await leadership.lost()  # raises Unavailable: the run ends
+
+                nursery.start_soon(watch)
+                for peer in peers:
+                    nursery.start_soon(
+                        partial(
+                            supervise,
+                            f"peer {peer.peer_did[:24]}…",
+                            partial(run_peer, deps, peer),
+                        )
+                    )
+    finally:
+        deps.handle.leader = False
+
+
+class _Failed(Exception):
+    """One pull failed for a reason the breaker counts."""
+
+
+async def run_peer(deps: PeerDeps, peer: PeerConfig) -> None:
+    """One PeerActor: pull from `peer` until cancelled (see the module docstring)."""
+    did = peer.peer_did
+    state = peer_state(await deps.store.get_peer(did), did, deps.policy)
+    deps.handle.states[did] = state
+    settings = deps.config
+    while True:
+        now = deps.clock_ms()
+        breaker = state.breaker
+        wait_ms = breaker.next_attempt_at_ms - now
+        if wait_ms > 0 and (breaker.state != "closed" or breaker.consecutive_failures):
+            await trio.sleep(wait_ms / 1000)
+            continue
+        state = replace(state, breaker=breaker.on_attempt(now))
+        request = build_request(
+            deps.key,
+            kind="sync_request",
+            recipient_did=did,
+            payload=sync_request(state, settings.page_size),
+            now_ms=now,
+        )
+        started = trio.current_time()
+        try:
+            answer = await _pull(deps, did, request, state.cursor)
+        except _Failed as exc:
+            log.warning("federation: pull from %s failed: %s", did, exc)
+            failed = replace(state, breaker=state.breaker.on_failure(deps.clock_ms(), deps.rand()))
+            state = await _record(deps, state, failed, [], [])
+            continue
+        except _BackPressure as exc:
+            await trio.sleep(exc.seconds)
+            continue
+        latency_ms = (trio.current_time() - started) * 1000
+        replicas, quarantined = sort_entries(answer.entries)
+        for q in quarantined:
+            log.warning(
+                "federation: quarantined %s seq %d from %s: %s", q.entry_did, q.seq, did, q.code
+            )
+        pulled = after_pull(state, answer, len(quarantined))
+        pulled = replace(pulled, breaker=state.breaker.on_success(deps.clock_ms(), latency_ms))
+        state = await _record(deps, state, pulled, replicas, quarantined)
+        if answer.has_more and state.cursor == pulled.cursor:
+            await trio.lowlevel.checkpoint()
+            continue
+        await trio.sleep(settings.poll_seconds)
+
+
+class _BackPressure(Exception):
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"retry after {seconds}s")
+        self.seconds = seconds
+
+
+async def _pull(deps: PeerDeps, did: str, request: dict[str, object], cursor: int) -> SyncAnswer:
+    url = (await deps.endpoint_of(did)).rstrip("/") + SYNC_PATH
+    body = json.dumps(request, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    try:
+        with trio.fail_after(deps.config.request_timeout_seconds):
+            got = await deps.transport.post(url, body)
+    except trio.TooSlowError:
+        raise _Failed("timed out") from None
+    except PeerUnreachable as exc:
+        raise _Failed(str(exc)) from None
+    if got.status == 429:
+        raise _BackPressure(got.retry_after if got.retry_after is not None else 1.0)
+    if got.status != 200:
+        raise _Failed(f"answered {got.status}: {got.body[:200]!r}")
+    try:
+        envelope = json.loads(got.body)
+        verified = verify_envelope(
+            envelope,
+            recipient_did=deps.key.did,
+            now_ms=deps.clock_ms(),
+            expected_kind="sync_response",
+            request=dict(request),
+        )
+        return read_sync_response(verified.payload, cursor)
+    except (ValueError, RegistryError, SyncAnswerInvalid) as exc:
+        raise _Failed(f"bad answer: {exc}") from None
+
+
+async def _record(
+    deps: PeerDeps,
+    before: PeerState,
+    after: PeerState,
+    replicas: list[Replica],
+    quarantined: list[Quarantined],
+) -> PeerState:
+    """Store a pull's outcome when it changes anything durable; the state that now holds."""
+    now = deps.clock_ms()
+    unchanged = (
+        after.cursor == before.cursor
+        and not replicas
+        and not quarantined
+        and after.breaker.state == before.breaker.state
+        and after.breaker.consecutive_failures == before.breaker.consecutive_failures
+    )
+    if unchanged:
+        deps.handle.states[after.peer_did] = after
+        return after
+    change = Change(
+        "peer.status",
+        None,
+        {
+            "peerDid": after.peer_did,
+            "expectedCursor": before.cursor,
+            "cursor": after.cursor,
+            "status": after.to_stored(),
+            "replicas": [r.row() for r in replicas],
+            "quarantined": [q.row() for q in quarantined],
+        },
+        event=after.status_json(now),
+    )
+    outcome = await deps.append(change, None)
+    if outcome.refusal is not None:  # the cursor moved (another leader meanwhile): reload
+        log.warning("federation: %s: %s; reloading", after.peer_did, outcome.refusal.message)
+        after = peer_state(await deps.store.get_peer(after.peer_did), after.peer_did, deps.policy)
+    deps.handle.states[after.peer_did] = after
+    return after

@@ -1,0 +1,44 @@
+"""Federation routes (spec 4.5; design §9, §12)."""
+
+from __future__ import annotations
+
+from quart import Response
+from quart_trio import QuartTrio
+
+from api.http import Ctx, deps, dumps, endpoint, json_response
+from api.idempotency import idem_key, respond
+from registry.errors import Invalid, Unauthorized
+
+
+def register(app: QuartTrio) -> None:
+    @app.post("/v1/federation/sync")
+    @endpoint("write", body_limit="federation_body_bytes")
+    async def federation_sync(ctx: Ctx) -> Response:
+        try:
+            envelope = ctx.json()
+        except Invalid as exc:  # no envelope at all: refused like a bad one (design §12)
+            raise Unauthorized(
+                f"federation envelope refused: {exc.message}",
+                code="envelope_invalid",
+                details={"reason": "not_json"},
+            ) from None
+        return json_response(await deps().federation.sync(envelope))
+
+    @app.get("/v1/federation/peers")
+    @endpoint("read")
+    async def list_federation_peers(ctx: Ctx) -> Response:
+        return json_response(dumps(await deps().federation.list_peers()))
+
+    @app.put("/v1/federation/peers/self")
+    @endpoint("write", auth="required", body_limit="small_body_bytes")
+    async def update_federation_peer(ctx: Ctx) -> Response:
+        assert ctx.principal is not None
+        idem = idem_key(ctx, "update_federation_peer")
+        outcome = await deps().federation.update_self(ctx.principal, ctx.json(), idem)
+        return respond(ctx, outcome, 200)
+
+    @app.get("/v1/admin/federation/peers")
+    @endpoint("read", auth="required")
+    async def federation_peer_status(ctx: Ctx) -> Response:
+        assert ctx.principal is not None
+        return json_response(dumps(await deps().federation.statuses(ctx.principal)))

@@ -1,0 +1,244 @@
+"""Federation rules (design §9), sans-IO: a peer's sync state, the sync cursor, and what a pull
+imports. The PeerActor (`actors/federation.py`) only drives these with I/O and the clock.
+
+Theory of operation. A `PeerState` is an immutable value per peer: the durable `cursor` (the
+peer's log position imported up to, inclusive), the peer's `head` at the last answer, the
+`Breaker` (registry/breaker.py) and the quarantine count. One pull:
+
+1. `sync_request(state)` is the payload to send: `{fromSequence: cursor, maxEntries}`
+   (`fromSequence` is exclusive, as the events' `fromSequence`).
+2. `read_sync_response(payload, from_sequence)` checks the signed answer's payload: entries in
+   strictly ascending `sequence`, all after the cursor and at most `nextSequence`, which may
+   not go back. A malformed answer is a failed call (the breaker counts it), not an import.
+3. `sort_entries` verifies every entry (`check_replica`: the hash of `itemData` and the
+   publisher's signature, or the shape of an origin's tombstone) and sorts it into replicas
+   and quarantined ones with the reason. One bad entry never stops the rest.
+4. The actor writes replicas, quarantines, the new cursor and status as one change
+   (`peer.status`), compare-and-set on the cursor, then `PeerState.after_pull`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Final, TypeGuard
+
+from registry.breaker import Breaker, BreakerPolicy
+from registry.canonical import canonicalize
+from registry.changes import rfc3339_ms
+from registry.entries import check_entry, lifecycle_of
+from registry.errors import Invalid, RegistryError
+
+SYNC_PAGE: Final = 500  # maxEntries a PeerActor asks for
+MAX_SYNC_SEQUENCE: Final = 2**63 - 1
+
+
+class SyncAnswerInvalid(Exception):
+    """A peer's sync answer that is signed but not a valid sync response: a failed call."""
+
+
+@dataclass(frozen=True)
+class PeerState:
+    """What the registry knows of one peer's sync (durable in the store, see `to_stored`)."""
+
+    peer_did: str
+    cursor: int = 0
+    head: int | None = None
+    breaker: Breaker = field(default_factory=Breaker)
+    quarantines: int = 0
+
+    @property
+    def lag(self) -> int:
+        """How far behind the peer's last known head the cursor is (0 when unknown)."""
+        return 0 if self.head is None else max(0, self.head - self.cursor)
+
+    def to_stored(self) -> dict[str, Any]:
+        """The `status` document of the store (the cursor and quarantines are columns)."""
+        return {"breaker": self.breaker.to_json(), "head": self.head}
+
+    @classmethod
+    def from_stored(
+        cls,
+        peer_did: str,
+        *,
+        cursor: int,
+        status: dict[str, Any],
+        quarantines: int,
+        policy: BreakerPolicy,
+    ) -> PeerState:
+        head = status.get("head")
+        return cls(
+            peer_did=peer_did,
+            cursor=cursor,
+            head=head if isinstance(head, int) and not isinstance(head, bool) else None,
+            breaker=Breaker.from_json(status.get("breaker"), policy),
+            quarantines=quarantines,
+        )
+
+    def status_json(self, now_ms: int) -> dict[str, Any]:
+        """The FederationPeerStatus of spec 2.8 (the operator view)."""
+        b = self.breaker
+        latency = b.latency.value_ms
+        state = b.state_at(now_ms)
+        next_attempt = (
+            None if state == "closed" and b.consecutive_failures == 0 else (b.next_attempt_at_ms)
+        )
+        return {
+            "peerDid": self.peer_did,
+            "breakerState": state,
+            "consecutiveFailures": b.consecutive_failures,
+            "cursor": self.cursor,
+            "lag": self.lag,
+            "latencyMs": None if latency is None else round(latency),
+            "lastSuccessAt": None
+            if b.last_success_at_ms is None
+            else rfc3339_ms(b.last_success_at_ms),
+            "nextAttemptAt": None if next_attempt is None else rfc3339_ms(next_attempt),
+            "quarantines": self.quarantines,
+        }
+
+
+def sync_request(state: PeerState, max_entries: int = SYNC_PAGE) -> dict[str, Any]:
+    return {"fromSequence": state.cursor, "maxEntries": max_entries}
+
+
+@dataclass(frozen=True)
+class SyncAnswer:
+    """A sync response payload that passed `read_sync_response`."""
+
+    entries: tuple[dict[str, Any], ...]
+    has_more: bool
+    next_sequence: int
+    head: int | None
+
+
+def _whole(value: Any) -> TypeGuard[int]:
+    return (
+        isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_SYNC_SEQUENCE
+    )
+
+
+def read_sync_response(payload: dict[str, Any], from_sequence: int) -> SyncAnswer:
+    """Check a sync response payload against the request's `from_sequence`."""
+    entries = payload.get("entries")
+    has_more = payload.get("hasMore")
+    next_sequence = payload.get("nextSequence")
+    head = payload.get("headSequence")
+    if not isinstance(entries, list) or not isinstance(has_more, bool):
+        raise SyncAnswerInvalid("entries must be an array and hasMore a boolean")
+    if not _whole(next_sequence) or next_sequence < from_sequence:
+        raise SyncAnswerInvalid("nextSequence must be a whole number not below fromSequence")
+    if head is not None and (not _whole(head) or head < next_sequence):
+        raise SyncAnswerInvalid("headSequence must be a whole number not below nextSequence")
+    previous: int = from_sequence
+    for item in entries:
+        seq: Any = item.get("sequence") if isinstance(item, dict) else None
+        if not _whole(seq) or seq <= previous or seq > next_sequence:
+            raise SyncAnswerInvalid(
+                "entries must be objects in ascending sequence after fromSequence, "
+                "up to nextSequence"
+            )
+        previous = seq
+    if entries and not has_more and head is not None and head < previous:
+        raise SyncAnswerInvalid("headSequence is below an entry's sequence")
+    return SyncAnswer(tuple(entries), has_more, next_sequence, head)
+
+
+# --- verifying what a peer serves ---------------------------------------------------------------
+
+TOMBSTONE_MEMBERS: Final = frozenset({"deletedAt", "entryDid", "lifecycleStatus", "sequence"})
+
+
+@dataclass(frozen=True)
+class Replica:
+    seq: int
+    entry_did: str
+    lifecycle: str
+    doc: str  # JCS of the entry as served by the origin
+
+    def row(self) -> dict[str, Any]:
+        return {
+            "seq": self.seq,
+            "entryDid": self.entry_did,
+            "lifecycle": self.lifecycle,
+            "doc": self.doc,
+        }
+
+
+@dataclass(frozen=True)
+class Quarantined:
+    seq: int
+    entry_did: str | None
+    code: str
+    reason: str
+    doc: str
+
+    def row(self) -> dict[str, Any]:
+        return {
+            "seq": self.seq,
+            "entryDid": self.entry_did,
+            "code": self.code,
+            "reason": self.reason,
+            "doc": self.doc,
+        }
+
+
+def check_replica(entry: dict[str, Any]) -> Replica:
+    """A served entry version, verified as a publisher would be: `Invalid` says why not.
+
+    An origin's tombstone (`{deletedAt, entryDid, lifecycleStatus: "deleted", sequence}`) carries
+    no publisher signature; it is taken on the origin's signed word (the envelope)."""
+    seq = entry["sequence"]
+    doc = canonicalize(entry).decode("utf-8")
+    if entry.get("lifecycleStatus") == "deleted" and set(entry) == TOMBSTONE_MEMBERS:
+        did = entry.get("entryDid")
+        if (
+            not isinstance(did, str)
+            or not did.startswith("did:")
+            or not isinstance(entry.get("deletedAt"), str)
+        ):
+            raise Invalid("a tombstone needs entryDid and deletedAt", code="tombstone_invalid")
+        return Replica(seq, did, "deleted", doc)
+    checked = check_entry(entry)
+    return Replica(seq, checked.did, lifecycle_of(checked.doc), doc)
+
+
+def sort_entries(
+    entries: Sequence[dict[str, Any]],
+) -> tuple[list[Replica], list[Quarantined]]:
+    """Every served entry, verified: replicas to store and quarantined ones with the reason."""
+    replicas: list[Replica] = []
+    quarantined: list[Quarantined] = []
+    for entry in entries:
+        try:
+            replicas.append(check_replica(entry))
+        except (RegistryError, ValueError, TypeError, KeyError) as exc:
+            did = entry.get("entryDid")
+            code = exc.code if isinstance(exc, RegistryError) else "entry_invalid"
+            message = exc.message if isinstance(exc, RegistryError) else str(exc)
+            try:
+                doc = canonicalize(entry).decode("utf-8")
+            except Exception:  # not canonical JSON: keep it as Python sees it
+                doc = json.dumps(entry, ensure_ascii=True, default=str)
+            quarantined.append(
+                Quarantined(
+                    entry["sequence"], did if isinstance(did, str) else None, code, message, doc
+                )
+            )
+    return replicas, quarantined
+
+
+def after_pull(state: PeerState, answer: SyncAnswer, quarantined: int) -> PeerState:
+    """The state once a pull's change is stored (the breaker is the caller's)."""
+    head = (
+        answer.head
+        if answer.head is not None
+        else (None if answer.has_more else answer.next_sequence)
+    )
+    return replace(
+        state,
+        cursor=answer.next_sequence,
+        head=head if head is None else max(head, answer.next_sequence),
+        quarantines=state.quarantines + quarantined,
+    )
