@@ -112,6 +112,11 @@ class HttpTransport:
         except httpx.HTTPError as exc:
             raise PeerUnreachable(f"{type(exc).__name__}: {exc}") from None
 
+    async def call(self, url: str, body: bytes) -> tuple[int, bytes]:
+        """`post` as the federated discovery's `DiscoverCall`."""
+        answer = await self.post(url, body)
+        return answer.status, answer.body
+
 
 def _retry_after(headers: httpx.Headers) -> float | None:
     value = headers.get("Retry-After", "")

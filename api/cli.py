@@ -650,6 +650,50 @@ def cmd_delete(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- federation ---------------------------------------------------------------------------------
+
+
+def cmd_peers(args: argparse.Namespace) -> int:
+    header: tuple[str, ...]
+    table: list[tuple[str, ...]]
+    with _client(args) as client:
+        if args.status:
+            rows = _as_principal(args, client, _key(args), client.peer_status)
+            header = ("PEER", "BREAKER", "FAILURES", "CURSOR", "LAG", "QUARANTINED", "LAST SUCCESS")
+            table = [header] + [
+                (
+                    r["peerDid"],
+                    r["breakerState"],
+                    str(r["consecutiveFailures"]),
+                    str(r["cursor"]),
+                    str(r["lag"]),
+                    str(r["quarantines"]),
+                    str(r["lastSuccessAt"] or "-"),
+                )
+                for r in rows
+            ]
+        else:
+            peers = client.peers()
+            header = ("PEER", "ENDPOINT", "AGREEMENTS", "LAST SEEN")
+            table = [header] + [
+                (
+                    p["peerDid"],
+                    p["endpoint"],
+                    ",".join(p["agreementIds"]) or "-",
+                    str(p["lastSeen"] or "-"),
+                )
+                for p in peers
+            ]
+    if args.json:
+        for row in table[1:]:
+            print(json.dumps(dict(zip(header, row, strict=True)), ensure_ascii=False))
+        return 0
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    for row in table:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    return 0
+
+
 # --- events -------------------------------------------------------------------------------------
 
 
@@ -962,6 +1006,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     url_flag(p)
     p.set_defaults(func=cmd_delete)
+
+    p = command(
+        "peers",
+        "list the registry's federation peers, or their sync status (--status, admin)",
+        "List the federation peers (endpoint, agreements, last seen). With --status, each"
+        " peer's sync status (breaker, failures, cursor, lag, quarantines): an admin's view,"
+        " signed in with --key or a saved session.",
+    )
+    p.add_argument(
+        "--status", action="store_true", help="the operator view of each peer (default: off)"
+    )
+    key_flag(
+        p,
+        False,
+        "for --status: the admin key file to sign in with, unless a saved session is valid"
+        " (default: none)",
+    )
+    p.add_argument(
+        "--json", action="store_true", help="one JSON object per line (default: a table)"
+    )
+    url_flag(p)
+    p.set_defaults(func=cmd_peers)
 
     p = command(
         "verify-anchor",

@@ -213,3 +213,33 @@ class RegistryClient:
             "DELETE", entry_path(did), idempotent=True, headers=self._idem(idempotency_key)
         )
         return result
+
+    # --- federation ---------------------------------------------------------------------------
+
+    def peers(self) -> list[dict[str, Any]]:
+        """The registry's federation peers (GET /v1/federation/peers)."""
+        result: list[dict[str, Any]] = self._request("GET", "/v1/federation/peers")
+        return result
+
+    def peer_status(self) -> list[dict[str, Any]]:
+        """Each peer's sync status: breaker, cursor, lag, latency, quarantines (admin)."""
+        result: list[dict[str, Any]] = self._request("GET", "/v1/admin/federation/peers")
+        return result
+
+    def register_peer_endpoint(
+        self, endpoint: str, *, idempotency_key: str | None = None
+    ) -> dict[str, Any]:
+        """As a peer registry (signed in with its key): where it can be reached."""
+        result: dict[str, Any] = self._request(
+            "PUT",
+            "/v1/federation/peers/self",
+            idempotent=True,
+            json={"endpoint": endpoint},
+            headers=self._idem(idempotency_key),
+        )
+        return result
+
+    def discover_federated(self, query: dict[str, Any]) -> dict[str, Any]:
+        """POST /v1/discover/federated: local and peers' results merged (needs a session)."""
+        result: dict[str, Any] = self._request("POST", "/v1/discover/federated", json=query)
+        return result

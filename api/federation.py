@@ -24,6 +24,25 @@ def register(app: QuartTrio) -> None:
             ) from None
         return json_response(await deps().federation.sync(envelope))
 
+    @app.post("/v1/federation/discover")
+    @endpoint("query", body_limit="query_body_bytes")
+    async def federation_discover(ctx: Ctx) -> Response:
+        try:
+            envelope = ctx.json()
+        except Invalid as exc:
+            raise Unauthorized(
+                f"federation envelope refused: {exc.message}",
+                code="envelope_invalid",
+                details={"reason": "not_json"},
+            ) from None
+        return json_response(await deps().federation.discover_for_peer(envelope))
+
+    @app.post("/v1/discover/federated")
+    @endpoint("query", auth="required", body_limit="query_body_bytes")
+    async def discover_federated(ctx: Ctx) -> Response:
+        assert ctx.principal is not None
+        return json_response(await deps().federation.discover_federated(ctx.principal, ctx.json()))
+
     @app.get("/v1/federation/peers")
     @endpoint("read")
     async def list_federation_peers(ctx: Ctx) -> Response:

@@ -606,6 +606,39 @@ _TRUST_SCHEMAS: dict[str, Any] = {
         lastSeen={"type": ["string", "null"], "format": "date-time"},
     ),
     "FederationPeers": {"type": "array", "items": _ref("FederationPeer")},
+    "FederatedResult": _obj(
+        ["entries", "hasMore", "totalCount", "federation"],
+        entries={"type": "array", "items": _ref("ServedEntry")},
+        cursor={"type": "string", "description": "opaque and tamper-evident"},
+        hasMore={"type": "boolean"},
+        totalCount=_INT,
+        federation=_obj(
+            [
+                "federated",
+                "partial",
+                "peersAttempted",
+                "peersFailed",
+                "peersSucceeded",
+                "peers",
+                "origins",
+            ],
+            federated={"type": "boolean"},
+            partial={"type": "boolean"},
+            peersAttempted=_INT,
+            peersFailed=_INT,
+            peersSucceeded=_INT,
+            peers={
+                "type": "array",
+                "items": _obj(
+                    ["peerDid", "status"],
+                    peerDid=_STR,
+                    status={"enum": ["ok", "failed", "skipped"]},
+                    reason=_STR,
+                ),
+            },
+            origins={"type": "array", "items": _STR},
+        ),
+    ),
     "FederationPeerStatus": _obj(
         [
             "peerDid",
@@ -726,6 +759,7 @@ _REQUEST_SCHEMAS = frozenset(
         "AcceptRequest",
         "DeclineRequest",
         "PeerUpdate",
+        "FederatedQuery",
     }
 )
 
@@ -739,6 +773,11 @@ def _schemas() -> dict[str, Any]:
     schemas.update(_entry_variants(schemas["RegistryEntry"]))
     schemas.update(_HAND_SCHEMAS)
     schemas.update(_TRUST_SCHEMAS)
+    federated = copy.deepcopy(schemas["DiscoverRequest"])
+    federated["required"] = ["entryType"]
+    federated["description"] = "A DiscoverRequest with entryType required; paged by cursor only"
+    federated["properties"]["offset"] = {"const": 0}
+    schemas["FederatedQuery"] = federated
     hardened = {
         name: _harden(schema, request=name in _REQUEST_SCHEMAS) for name, schema in schemas.items()
     }
@@ -1262,6 +1301,34 @@ def _trust_paths() -> dict[str, Any]:
                     "403": "unknown peer; peer may not sync; agreement not active",
                 },
                 body="Envelope",
+            )
+        },
+        "/v1/federation/discover": {
+            "post": _operation(
+                "federation_discover",
+                "A peer's federated query (signed discover_request; local entries only)",
+                {"200": _ok("Envelope", "A signed discover_response")},
+                {
+                    "400": "the payload is not {query: DiscoverRequest, agreementId?}",
+                    "401": "envelope missing or malformed; signature, timestamp, nonce or"
+                    " controller invalid; wrong recipient; nonce replayed",
+                    "403": "unknown peer; peer may not discover; agreement not active",
+                },
+                body="Envelope",
+            )
+        },
+        "/v1/discover/federated": {
+            "post": _operation(
+                "discover_federated",
+                "Discover here and at every reachable peer, merged (design §9)",
+                {"200": _ok("FederatedResult")},
+                {
+                    "400": "invalid query; entryType missing; offset used; a cursor this"
+                    " server did not issue for this query",
+                    "403": "the session lacks discover.federated",
+                },
+                auth=True,
+                body="FederatedQuery",
             )
         },
         "/v1/federation/peers": {

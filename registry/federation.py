@@ -29,6 +29,8 @@ from registry.canonical import canonicalize
 from registry.changes import rfc3339_ms
 from registry.entries import check_entry, lifecycle_of
 from registry.errors import Invalid, RegistryError
+from registry.models import parse_datetime
+from registry.query import OrderKey
 
 SYNC_PAGE: Final = 500  # maxEntries a PeerActor asks for
 MAX_SYNC_SEQUENCE: Final = 2**63 - 1
@@ -242,3 +244,69 @@ def after_pull(state: PeerState, answer: SyncAnswer, quarantined: int) -> PeerSt
         head=head if head is None else max(head, answer.next_sequence),
         quarantines=state.quarantines + quarantined,
     )
+
+
+# --- federated discovery ----------------------------------------------------------------------
+
+RANKED_FIELDS: Final = frozenset({"relevance", "sequence"})  # not comparable across registries
+
+
+@dataclass(frozen=True)
+class SourcePage:
+    """One source's answer to a federated query: its entries (served JSON texts) in its own
+    order, after the `offset` it was asked from; `origin` is the registry's DID."""
+
+    origin: str
+    entries: tuple[str, ...]
+    has_more: bool
+    total: int
+    offset: int
+
+
+def _time_key(value: Any) -> float:
+    if not isinstance(value, str):
+        return float("-inf")
+    try:
+        return parse_datetime(value).timestamp()
+    except ValueError:
+        return float("-inf")
+
+
+def merge_key(order: OrderKey, doc: dict[str, Any], rank: int, origin: str) -> tuple[Any, ...]:
+    """The deterministic merge order of design §9: the query's ordering, then entryDid, then
+    origin. Relevance and sequence are per registry: their entries interleave by rank."""
+    did = str(doc.get("entryDid", ""))
+    if order.field in RANKED_FIELDS:
+        return (rank, did, origin)
+    if order.field == "name":
+        return (str(doc.get("name", "")), did, origin)
+    return (_time_key(doc.get(order.field)), did, origin)
+
+
+def merge_pages(
+    order: OrderKey, pages: Sequence[SourcePage], limit: int
+) -> tuple[list[tuple[str, str]], dict[str, int]]:
+    """Up to `limit` entries of the merged order, as (doc, origin), and how many entries of
+    each source the page consumed. Each source's consumed entries are a prefix of its page, so
+    the next page continues every source exactly after what was shown (no skip, no repeat)."""
+    items: list[tuple[tuple[Any, ...], str, str, int]] = []
+    for page in pages:
+        for rank, text in enumerate(page.entries):
+            doc = json.loads(text)
+            key = merge_key(order, doc, page.offset + rank, page.origin)
+            items.append((key, text, page.origin, rank))
+    descending = order.descending and order.field not in RANKED_FIELDS
+    items.sort(key=lambda item: item[0], reverse=descending)
+    chosen = items[:limit]
+    taken: dict[str, set[int]] = {}
+    for _, _, origin, rank in chosen:
+        taken.setdefault(origin, set()).add(rank)
+    consumed: dict[str, int] = {}
+    for page in pages:
+        ranks = taken.get(page.origin, set())
+        n = 0
+        while n in ranks:
+            n += 1
+        consumed[page.origin] = n
+    shown = [(text, origin) for _, text, origin, rank in chosen if rank < consumed[origin]]
+    return shown, consumed

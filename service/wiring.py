@@ -132,12 +132,42 @@ async def open_service(
             ),
         )
         federation_handle = FederationHandle()
-        federation = Federation(
-            store=store, changes=changes, config=config, key=key, live=federation_handle.live
-        )
+        transport = None
         if config.federation.peers:
-            await _start_federation(
-                nursery, config, store, writer, key, federation, federation_handle
+            client = httpx.AsyncClient(timeout=config.federation.request_timeout_seconds)
+            nursery.start_soon(_close_at_exit, client)
+            transport = HttpTransport(
+                client,
+                max_bytes=limits.federation_body_bytes + 2 * limits.entry_body_bytes,
+            )
+        federation = Federation(
+            store=store,
+            changes=changes,
+            config=config,
+            key=key,
+            live=federation_handle.live,
+            discovery=discovery,
+            call=None if transport is None else transport.call,
+        )
+        if transport is not None:
+            nursery.start_soon(
+                partial(
+                    supervise,
+                    "federation",
+                    partial(
+                        run_federation,
+                        PeerDeps(
+                            store=store,
+                            append=writer.append,
+                            key=key,
+                            transport=transport,
+                            config=config.federation,
+                            endpoint_of=federation.endpoint_of,
+                            handle=federation_handle,
+                            clock_ms=now_ms,
+                        ),
+                    ),
+                )
             )
         deps = Deps(
             entries=entries,
@@ -216,40 +246,10 @@ async def _start_anchoring(
     )
 
 
-async def _start_federation(
-    nursery: trio.Nursery,
-    config: Config,
-    store: Store,
-    writer: Writer,
-    key: SigningKey,
-    federation: Federation,
-    handle: FederationHandle,
-) -> None:
-    """The PeerActors (pulling only while this process holds the federation lock), over one
-    HTTP client whose connections the peers share."""
-    limits = config.limits
-    client = httpx.AsyncClient(timeout=config.federation.request_timeout_seconds)
-
-    async def run() -> None:
-        async with client:
-            await supervise(
-                "federation",
-                partial(
-                    run_federation,
-                    PeerDeps(
-                        store=store,
-                        append=writer.append,
-                        key=key,
-                        transport=HttpTransport(
-                            client,
-                            max_bytes=limits.federation_body_bytes + 2 * limits.entry_body_bytes,
-                        ),
-                        config=config.federation,
-                        endpoint_of=federation.endpoint_of,
-                        handle=handle,
-                        clock_ms=now_ms,
-                    ),
-                ),
-            )
-
-    nursery.start_soon(run)
+async def _close_at_exit(client: httpx.AsyncClient) -> None:
+    """Close the peers' HTTP client when the service's nursery is cancelled."""
+    try:
+        await trio.sleep_forever()
+    finally:
+        with trio.CancelScope(shield=True):
+            await client.aclose()

@@ -22,15 +22,24 @@ head when the page was read, for the puller's lag), signed as a `sync_response`.
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import json
+import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+import trio
 
 from registry.breaker import BreakerPolicy
 from registry.canonical import canonicalize, join_members
 from registry.changes import Change, ChangeLog, IdemKey, Outcome, rfc3339_ms
 from registry.config import Config, PeerConfig
+from registry.discovery import parse_discover_request, query_fingerprint
 from registry.envelope import (
+    VerifiedEnvelope,
+    build_request,
     build_response_text,
     clamp_max_entries,
     nonce_expiry_ms,
@@ -38,14 +47,33 @@ from registry.envelope import (
     verify_envelope,
 )
 from registry.errors import Forbidden, Invalid, Unauthorized
-from registry.federation import PeerState
+from registry.federation import (
+    PeerState,
+    SourcePage,
+    check_replica,
+    merge_pages,
+)
 from registry.keys import SigningKey
+from registry.query import MAX_OFFSET, effective_order
 from registry.store import PeerRow, Store
-from registry.usecases.common import Principal, now_ms
+from registry.usecases.common import Principal, now_ms, page_size
 from registry.usecases.records import body_object, put
+
+if TYPE_CHECKING:
+    from registry.usecases.discovery import Discovery
+
+log = logging.getLogger(__name__)
 
 MAX_ENDPOINT = 2048
 PEER_RECORD = "peer"
+DISCOVER_PATH = "/v1/federation/discover"
+
+
+class DiscoverCall(Protocol):
+    async def __call__(self, url: str, body: bytes) -> tuple[int, bytes]:
+        """POST a JSON body to a peer: (status, body); raise `OSError`-like errors when no
+        answer came (any exception is taken as the peer's failure)."""
+        ...
 
 
 def peer_state(row: PeerRow | None, peer_did: str, policy: BreakerPolicy) -> PeerState:
@@ -67,6 +95,8 @@ class Federation:
         policy: BreakerPolicy | None = None,
         live: Callable[[], dict[str, PeerState]] = dict,
         clock_ms: Callable[[], int] = now_ms,
+        discovery: Discovery | None = None,
+        call: DiscoverCall | None = None,
     ) -> None:
         self.store = store
         self.changes = changes
@@ -76,6 +106,9 @@ class Federation:
         self.live = live  # the PeerActors' current states in this process (if it leads them)
         self.clock_ms = clock_ms
         self.peers: dict[str, PeerConfig] = {p.peer_did: p for p in config.federation.peers}
+        self.discovery = discovery
+        self.call = call
+        self._cursor_key = hashlib.sha256(b"registry federated cursor\0" + key.seed).digest()
 
     # --- sync (the server side) -----------------------------------------------------------
 
@@ -88,13 +121,7 @@ class Federation:
         peer = self.peer_allowed(verified.sender_did, "sync")
         after, max_entries, agreement = sync_request_payload(verified.payload)
         self.check_agreement(peer, agreement)
-        expires = nonce_expiry_ms(verified)
-        if not await self.store.burn_nonce(verified.sender_did, verified.nonce, expires):
-            raise Unauthorized(
-                "federation envelope refused: this nonce was already used",
-                code="envelope_nonce_replayed",
-                details={"reason": "nonce_replayed"},
-            )
+        await self._burn(verified)
         limit = clamp_max_entries(max_entries)
         budget = max(1024, self.config.limits.federation_body_bytes - 64 * 1024)
         page, head, more = await self.store.sync_page(after, limit, budget)
@@ -110,6 +137,245 @@ class Federation:
         return build_response_text(
             self.key, request=envelope, kind="sync_response", payload_jcs=payload, now_ms=now
         )
+
+    async def _burn(self, verified: VerifiedEnvelope) -> None:
+        """Single use of the nonce (kept durably until the window refuses a replay)."""
+        expires = nonce_expiry_ms(verified)
+        if not await self.store.burn_nonce(verified.sender_did, verified.nonce, expires):
+            raise Unauthorized(
+                "federation envelope refused: this nonce was already used",
+                code="envelope_nonce_replayed",
+                details={"reason": "nonce_replayed"},
+            )
+
+    # --- federated discovery: the peer side -----------------------------------------------
+
+    async def discover_for_peer(self, envelope: Any) -> str:
+        """Answer a signed `discover_request` (payload `{query, agreementId?}`: `query` is a
+        DiscoverRequest) with a signed `discover_response` of local entries
+        (`{entries, hasMore, totalCount}`). The checks are those of sync, for `discover`."""
+        now = self.clock_ms()
+        verified = verify_envelope(
+            envelope, recipient_did=self.key.did, now_ms=now, expected_kind="discover_request"
+        )
+        peer = self.peer_allowed(verified.sender_did, "discover")
+        payload = verified.payload
+        unknown = sorted(set(payload) - {"query", "agreementId"})
+        if unknown or not isinstance(payload.get("query"), dict):
+            raise Invalid(
+                "a discover request payload is {query: DiscoverRequest, agreementId?}",
+                code="discover_request_invalid",
+                details={"members": unknown},
+            )
+        agreement = payload.get("agreementId")
+        if agreement is not None and not isinstance(agreement, str):
+            raise Invalid("agreementId must be a string", code="discover_request_invalid")
+        self.check_agreement(peer, agreement)
+        query = parse_discover_request(payload["query"])
+        if query.cursor is not None:
+            raise Invalid(
+                "a peer query pages by offset, not cursor", code="discover_request_invalid"
+            )
+        await self._burn(verified)
+        assert self.discovery is not None
+        body = json.loads(await self.discovery.discover(query))
+        answer = join_members(
+            {
+                "entries": "["
+                + ",".join(canonicalize(e).decode("utf-8") for e in body["entries"])
+                + "]",
+                "hasMore": "true" if body["hasMore"] else "false",
+                "totalCount": str(int(body["totalCount"])),
+            }
+        )
+        return build_response_text(
+            self.key, request=envelope, kind="discover_response", payload_jcs=answer, now_ms=now
+        )
+
+    # --- federated discovery: the querying side -------------------------------------------
+
+    async def discover_federated(self, principal: Principal, data: Any) -> str:
+        """POST /v1/discover/federated: the local page merged with each reachable peer's
+        signed page (see docs/federation.md for the merge, the cursor and the metadata)."""
+        principal.require("discover.federated")
+        if not isinstance(data, dict):
+            raise Invalid("the request must be a JSON object", code="invalid_query")
+        if "entryType" not in data:
+            raise Invalid(
+                'entryType is required ("*" for all types)',
+                code="invalid_query",
+                details={"field": "entryType"},
+            )
+        if data.get("offset") not in (None, 0):
+            raise Invalid(
+                "a federated query pages with its cursor, not offset", code="invalid_offset"
+            )
+        base = {k: v for k, v in data.items() if k not in ("cursor", "offset")}
+        query = parse_discover_request(base)  # 400 for anything a local query refuses
+        limit = page_size(self.config.limits, query.limit)
+        fingerprint = query_fingerprint(query)
+        offsets: dict[str, int] = {}
+        dropped: set[str] = set()
+        if data.get("cursor") is not None:
+            offsets, dropped = self._decode_cursor(fingerprint, data["cursor"])
+        order = effective_order(query)[0]
+
+        local_query = parse_discover_request(
+            {**base, "offset": offsets.get(self.key.did, 0), "limit": limit}
+        )
+        assert self.discovery is not None
+        local = json.loads(await self.discovery.discover(local_query))
+        pages = [
+            SourcePage(
+                self.key.did,
+                tuple(canonicalize(e).decode("utf-8") for e in local["entries"]),
+                bool(local["hasMore"]),
+                int(local["totalCount"]),
+                offsets.get(self.key.did, 0),
+            )
+        ]
+        report: dict[str, dict[str, Any]] = {}
+        now = self.clock_ms()
+        states = self.live()
+        rows = {r.peer_did: r for r in await self.store.list_peers()}
+        callable_peers: list[str] = []
+        for did in sorted(self.peers):
+            if "discover" not in self.peers[did].kinds:
+                continue
+            if did in dropped:
+                report[did] = {"peerDid": did, "status": "failed", "reason": "failed_earlier"}
+                continue
+            state = states.get(did) or peer_state(rows.get(did), did, self.policy)
+            if state.breaker.state_at(now) == "open" or self.call is None:
+                report[did] = {"peerDid": did, "status": "skipped", "reason": "breaker_open"}
+                continue
+            callable_peers.append(did)
+
+        answers: dict[str, SourcePage] = {}
+
+        async def ask(did: str) -> None:
+            try:
+                answers[did] = await self._ask_peer(
+                    did, {**base, "offset": offsets.get(did, 0), "limit": limit}
+                )
+            except Exception as exc:  # any failure of a peer is its part missing, never a 5xx
+                log.info("federated discovery: %s failed: %s", did, exc)
+                report[did] = {"peerDid": did, "status": "failed", "reason": _reason(exc)}
+
+        with trio.move_on_after(self.config.federation.discover_budget_seconds):
+            async with trio.open_nursery() as nursery:
+                for did in callable_peers:
+                    nursery.start_soon(ask, did)
+        for did in callable_peers:
+            if did in answers:
+                pages.append(answers[did])
+                report[did] = {"peerDid": did, "status": "ok"}
+            elif did not in report:
+                report[did] = {"peerDid": did, "status": "failed", "reason": "time_budget"}
+
+        shown, consumed = merge_pages(order, pages, limit)
+        next_offsets = {p.origin: p.offset + consumed[p.origin] for p in pages}
+        more = any(p.has_more or consumed[p.origin] < len(p.entries) for p in pages)
+        failed = {d for d, r in report.items() if r["status"] != "ok"}
+        body: dict[str, str] = {
+            "entries": "[" + ",".join(text for text, _ in shown) + "]",
+            "hasMore": "true" if more else "false",
+            "totalCount": str(sum(p.total for p in pages)),
+            "federation": canonicalize(
+                {
+                    "federated": True,
+                    "partial": bool(failed),
+                    "peersAttempted": len(callable_peers),
+                    "peersSucceeded": len(answers),
+                    "peersFailed": len(callable_peers) - len(answers),
+                    "peers": [report[d] for d in sorted(report)],
+                    "origins": [origin for _, origin in shown],
+                }
+            ).decode("utf-8"),
+        }
+        if more:
+            cursor = self._encode_cursor(fingerprint, next_offsets, dropped | failed)
+            body["cursor"] = canonicalize(cursor).decode("utf-8")
+        return join_members(body)
+
+    async def _ask_peer(self, did: str, query: dict[str, Any]) -> SourcePage:
+        assert self.call is not None
+        request = build_request(
+            self.key,
+            kind="discover_request",
+            recipient_did=did,
+            payload={"query": query},
+            now_ms=self.clock_ms(),
+        )
+        url = (await self.endpoint_of(did)).rstrip("/") + DISCOVER_PATH
+        status, raw = await self.call(
+            url, json.dumps(request, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+        )
+        if status != 200:
+            raise PeerRefused(f"answered {status}")
+        verified = verify_envelope(
+            json.loads(raw),
+            recipient_did=self.key.did,
+            now_ms=self.clock_ms(),
+            expected_kind="discover_response",
+            request=request,
+        )
+        payload = verified.payload
+        entries, more, total = (
+            payload.get("entries"),
+            payload.get("hasMore"),
+            payload.get("totalCount"),
+        )
+        if (
+            not isinstance(entries, list)
+            or not isinstance(more, bool)
+            or not isinstance(total, int)
+            or isinstance(total, bool)
+            or len(entries) > int(query["limit"])
+        ):
+            raise PeerRefused("the discover response payload is malformed")
+        texts = []
+        for entry in entries:
+            if not isinstance(entry, dict) or not isinstance(entry.get("sequence"), int):
+                raise PeerRefused("an entry of the discover response is malformed")
+            replica = check_replica(entry)  # Invalid: the peer served an entry that fails
+            texts.append(replica.doc)
+        return SourcePage(did, tuple(texts), more, max(total, 0), int(query.get("offset", 0)))
+
+    def _encode_cursor(self, fingerprint: str, offsets: dict[str, int], dropped: set[str]) -> str:
+        body = json.dumps(
+            {"v": 1, "q": fingerprint, "n": offsets, "x": sorted(dropped)},
+            separators=(",", ":"),
+            sort_keys=True,
+        ).encode()
+        tag = hmac.new(self._cursor_key, body, hashlib.sha256).digest()[:16]
+        return base64.urlsafe_b64encode(tag + body).rstrip(b"=").decode("ascii")
+
+    def _decode_cursor(self, fingerprint: str, cursor: Any) -> tuple[dict[str, int], set[str]]:
+        bad = Invalid(
+            "cursor is not one this server issued for this federated query",
+            code="invalid_cursor",
+        )
+        if not isinstance(cursor, str) or not 1 <= len(cursor) <= 4096:
+            raise bad
+        try:
+            raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+            tag, body = raw[:16], raw[16:]
+            if not hmac.compare_digest(
+                tag, hmac.new(self._cursor_key, body, hashlib.sha256).digest()[:16]
+            ):
+                raise bad
+            data = json.loads(body)
+        except (ValueError, TypeError):
+            raise bad from None
+        if not isinstance(data, dict) or data.get("v") != 1 or data.get("q") != fingerprint:
+            raise bad
+        offsets, dropped = data.get("n"), data.get("x")
+        if not isinstance(offsets, dict) or not isinstance(dropped, list):
+            raise bad
+        if not all(isinstance(v, int) and 0 <= v <= MAX_OFFSET for v in offsets.values()):
+            raise bad
+        return {str(k): int(v) for k, v in offsets.items()}, {str(d) for d in dropped}
 
     def peer_allowed(self, sender_did: str, kind: str) -> PeerConfig:
         peer = self.peers.get(sender_did)
@@ -255,3 +521,15 @@ def _url(body: dict[str, Any], name: str, *, required: bool) -> str:
             details={"field": name},
         )
     return value
+
+
+class PeerRefused(Exception):
+    """A peer's answer to a federated query that cannot be used."""
+
+
+def _reason(exc: Exception) -> str:
+    if isinstance(exc, PeerRefused):
+        return "bad_answer"
+    if isinstance(exc, Invalid | Unauthorized):
+        return exc.code
+    return "unreachable"
