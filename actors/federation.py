@@ -65,6 +65,7 @@ log = logging.getLogger(__name__)
 Append = Callable[[Change, IdemKey | None], Awaitable[Outcome]]
 LEADERSHIP = "federation"
 SYNC_PATH = "/v1/federation/sync"
+MAX_RETRY_AFTER_SECONDS = 600.0  # a peer's Retry-After is honoured up to this
 
 
 # --- the transport port --------------------------------------------------------------------
@@ -213,6 +214,10 @@ async def run_peer(deps: PeerDeps, peer: PeerConfig) -> None:
             state = await _record(deps, state, failed, [], [])
             continue
         except _BackPressure as exc:
+            # Back-pressure is not an answer on the peer's health: the breaker stays as it was
+            # before this attempt (a half-open trial is not used up by it).
+            state = replace(state, breaker=breaker)
+            deps.handle.states[did] = state
             await trio.sleep(exc.seconds)
             continue
         latency_ms = (trio.current_time() - started) * 1000
@@ -247,7 +252,8 @@ async def _pull(deps: PeerDeps, did: str, request: dict[str, object], cursor: in
     except PeerUnreachable as exc:
         raise _Failed(str(exc)) from None
     if got.status == 429:
-        raise _BackPressure(got.retry_after if got.retry_after is not None else 1.0)
+        wait = got.retry_after if got.retry_after is not None else 1.0
+        raise _BackPressure(min(wait, MAX_RETRY_AFTER_SECONDS))
     if got.status != 200:
         raise _Failed(f"answered {got.status}: {got.body[:200]!r}")
     try:

@@ -776,7 +776,7 @@ def _schemas() -> dict[str, Any]:
     federated = copy.deepcopy(schemas["DiscoverRequest"])
     federated["required"] = ["entryType"]
     federated["description"] = "A DiscoverRequest with entryType required; paged by cursor only"
-    federated["properties"]["offset"] = {"const": 0}
+    federated["properties"]["offset"] = {"enum": [0, None]}
     schemas["FederatedQuery"] = federated
     hardened = {
         name: _harden(schema, request=name in _REQUEST_SCHEMAS) for name, schema in schemas.items()

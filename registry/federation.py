@@ -131,6 +131,8 @@ def read_sync_response(payload: dict[str, Any], from_sequence: int) -> SyncAnswe
         raise SyncAnswerInvalid("entries must be an array and hasMore a boolean")
     if not _whole(next_sequence) or next_sequence < from_sequence:
         raise SyncAnswerInvalid("nextSequence must be a whole number not below fromSequence")
+    if has_more and next_sequence <= from_sequence:
+        raise SyncAnswerInvalid("hasMore without progress: nextSequence must pass fromSequence")
     if head is not None and (not _whole(head) or head < next_sequence):
         raise SyncAnswerInvalid("headSequence must be a whole number not below nextSequence")
     previous: int = from_sequence

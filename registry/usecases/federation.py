@@ -206,7 +206,8 @@ class Federation:
                 code="invalid_query",
                 details={"field": "entryType"},
             )
-        if data.get("offset") not in (None, 0):
+        offset = data.get("offset")
+        if offset is not None and (type(offset) is not int or offset != 0):  # False is not 0
             raise Invalid(
                 "a federated query pages with its cursor, not offset", code="invalid_offset"
             )

@@ -1,0 +1,943 @@
+"""The PeerActors over the in-memory store and a fake peer registry, on virtual time: signed pages
+become replicas in order (tombstones too) with the cursor and lag, forged entries are
+quarantined with their code, answers that fail a check import nothing and count as failures,
+the breaker's exact schedule (backoff, open, half-open trials, doubling cooldown, cap), 429 and
+timeouts, durability across restarts and a cursor moved by another leader, the `peer.status`
+records, and `run_federation` pulling only while it holds the `federation` leadership."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import pytest
+import trio
+import trio.testing
+
+from actors.federation import (
+    SYNC_PATH,
+    FederationHandle,
+    PeerAnswer,
+    PeerDeps,
+    PeerUnreachable,
+    run_federation,
+    run_peer,
+)
+from registry.canonical import canonicalize
+from registry.changes import Change, IdemKey, LogRecord, Outcome, rfc3339_ms
+from registry.config import FederationConfig, PeerConfig
+from registry.entries import sign_entry
+from registry.envelope import build_response, verify_envelope
+from registry.errors import Unavailable
+from registry.federation import PeerState, sort_entries
+from registry.keys import SigningKey, b64url_encode
+from registry.store import ReplicaVersion
+from registry.store.memory import MemoryStore
+from tests.helpers import entry_template, new_did
+
+RAND = 0.5  # every jitter draw: the closed breaker's retries come 3/4 of 1, 2, 4, 8 s later
+STATUS_KEYS = frozenset(
+    {
+        "peerDid",
+        "breakerState",
+        "consecutiveFailures",
+        "cursor",
+        "lag",
+        "latencyMs",
+        "lastSuccessAt",
+        "nextAttemptAt",
+        "quarantines",
+    }
+)
+LONG = 4 * 3600.0  # the longest any wait here may take, in virtual seconds
+
+
+def now_ms() -> int:
+    return round(trio.current_time() * 1000)
+
+
+def jcs(doc: dict[str, Any]) -> str:
+    return canonicalize(doc).decode("utf-8")
+
+
+# --- what a peer serves ------------------------------------------------------------------------
+
+
+def version(publisher: SigningKey, seq: int, did: str, **fields: Any) -> dict[str, Any]:
+    """An entry version as a peer serves it: signed by its publisher, with the peer's `sequence`
+    and `anchorState` (registry-managed members, outside the signature)."""
+    fields.setdefault("lifecycleStatus", "active")
+    signed = sign_entry(entry_template(did, **fields), publisher)
+    return {**signed, "sequence": seq, "anchorState": "pending"}
+
+
+def tombstone(seq: int, did: str) -> dict[str, Any]:
+    return {
+        "deletedAt": "2026-11-02T00:00:00.000Z",
+        "entryDid": did,
+        "lifecycleStatus": "deleted",
+        "sequence": seq,
+    }
+
+
+def forged(served: dict[str, Any], how: str) -> dict[str, Any]:
+    """`served` altered after signing: a member under the signature, `itemData` (its hash no
+    longer matches), or a tombstone whose `deletedAt` is not a date."""
+    if how == "signature":
+        return {**served, "name": "Not what the publisher signed"}
+    if how == "item_data_hash":
+        return {**served, "itemData": {**served["itemData"], "temperature": 1.5}}
+    assert how == "tombstone"
+    return {**tombstone(served["sequence"], served["entryDid"]), "deletedAt": 17}
+
+
+Fault = Literal[
+    "unreachable",  # PeerUnreachable: no HTTP answer
+    "error",  # 500
+    "hang",  # never answers (the actor's timeout must end the call)
+    "wrong_key",  # the envelope claims the peer's key but another key signed it
+    "impostor",  # a valid envelope from another DID than the one asked
+    "wrong_digest",  # validly signed, but answers another request
+    "out_of_order",  # the page's entries in descending sequence
+    "stale",  # a proper answer, but dated more than 300 s ago
+    "stuck",  # hasMore with no entry and nextSequence = fromSequence (no progress)
+]
+Scripted = Fault | PeerAnswer | None  # None: a proper answer; a PeerAnswer: sent as is
+
+
+class FakePeer:
+    """A peer registry behind `PeerTransport.post`. It checks each request as the real server
+    does (a signed `sync_request` addressed to it, from the puller, a nonce never seen before)
+    and answers a signed `sync_response` paging over `log` as `Federation.sync` does: entries
+    after `fromSequence`, at most `maxEntries`, `nextSequence` the last one served if there is
+    more, else the head. `script` says what to do on each next call (then `fault`, for every
+    call after); `delay` is how long each call takes."""
+
+    def __init__(self, puller: str, endpoint: str) -> None:
+        self.key = SigningKey.generate()
+        self.publisher = SigningKey.generate()  # who signs the entries this peer serves
+        self.puller = puller
+        self.endpoint = endpoint
+        self.log: list[dict[str, Any]] = []
+        self.head = 0
+        self.script: deque[Scripted] = deque()
+        self.fault: Scripted = None
+        self.delay = 0.0
+        self.calls: list[float] = []  # when each request came (virtual seconds)
+        self.asked: list[int] = []  # the fromSequence of each
+        self.max_entries: list[int] = []
+        self.gate: trio.Event | None = None  # when set, a proper answer waits for it
+        self._nonces: set[str] = set()
+        self._called = trio.Event()
+
+    @property
+    def did(self) -> str:
+        return self.key.did
+
+    def serve(self, *docs: dict[str, Any], head: int | None = None) -> None:
+        """Append served documents (in sequence order); the head moves to the last one, or to
+        `head` (the peer's log has other records after it)."""
+        for doc in docs:
+            assert doc["sequence"] > self.head
+            self.log.append(doc)
+            self.head = doc["sequence"]
+        self.head = max(self.head, head or 0)
+
+    def entries(self, *seqs: int) -> list[dict[str, Any]]:
+        """Serve a new active entry at each of `seqs`; return them."""
+        made = [version(self.publisher, seq, new_did()) for seq in seqs]
+        self.serve(*made)
+        return made
+
+    async def wait_calls(self, count: int, within: float = LONG) -> None:
+        """Until `count` requests came, then until the actor is done with the last one."""
+        with trio.fail_after(within):
+            while len(self.calls) < count:
+                await self._called.wait()
+        await trio.testing.wait_all_tasks_blocked()
+
+    def gaps(self) -> list[float]:
+        return [b - a for a, b in itertools.pairwise(self.calls)]
+
+    async def post(self, url: str, body: bytes) -> PeerAnswer:
+        assert url == self.endpoint + SYNC_PATH
+        request = json.loads(body)
+        verified = verify_envelope(
+            request, recipient_did=self.did, now_ms=now_ms(), expected_kind="sync_request"
+        )
+        assert verified.sender_did == self.puller
+        assert verified.nonce not in self._nonces, "a nonce is single use"
+        self._nonces.add(verified.nonce)
+        after, limit = verified.payload["fromSequence"], verified.payload["maxEntries"]
+        assert set(verified.payload) == {"fromSequence", "maxEntries"}
+        self.calls.append(trio.current_time())
+        self.asked.append(after)
+        self.max_entries.append(limit)
+        self._called.set()
+        self._called = trio.Event()
+        what = self.script.popleft() if self.script else self.fault
+        if self.delay:
+            await trio.sleep(self.delay)
+        if isinstance(what, PeerAnswer):
+            return what
+        if what == "unreachable":
+            raise PeerUnreachable("ConnectError: connection refused")
+        if what == "error":
+            return PeerAnswer(500, b'{"code":"internal_error"}')
+        if what == "hang":
+            await trio.sleep_forever()
+        if self.gate is not None:
+            await self.gate.wait()
+        return PeerAnswer(200, json.dumps(self.answer(request, after, limit, what)).encode())
+
+    def answer(
+        self, request: dict[str, Any], after: int, limit: int, what: Scripted
+    ) -> dict[str, Any]:
+        later = [doc for doc in self.log if doc["sequence"] > after]
+        page, more = later[:limit], len(later) > limit
+        head = max(self.head, after)
+        payload = {
+            "entries": page,
+            "hasMore": more,
+            "nextSequence": page[-1]["sequence"] if more else head,
+            "headSequence": head,
+        }
+        if what == "out_of_order":
+            assert len(page) > 1
+            payload["entries"] = page[::-1]
+        if what == "stuck":
+            payload = {"entries": [], "hasMore": True, "nextSequence": after, "headSequence": head}
+        signer, answered = self.key, request
+        if what == "impostor":
+            signer = SigningKey.generate()
+        if what == "wrong_digest":
+            answered = {**request, "payload": {"fromSequence": after + 1, "maxEntries": limit}}
+        dated = now_ms() - (301_000 if what == "stale" else 0)
+        envelope = build_response(
+            signer, request=answered, kind="sync_response", payload=payload, now_ms=dated
+        )
+        if what == "wrong_key":
+            unsigned = {k: v for k, v in envelope.items() if k != "signature"}
+            envelope["signature"] = b64url_encode(
+                SigningKey.generate().sign(canonicalize(unsigned))
+            )
+        return envelope
+
+
+# --- the rig ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Rig:
+    """Our key, the store, the fake peers (routed by URL: the rig is the transport) and the
+    federation settings naming them."""
+
+    key: SigningKey
+    store: MemoryStore
+    peers: list[FakePeer]
+    config: FederationConfig
+    appended: list[tuple[Change, Outcome]] = field(default_factory=list)
+
+    @property
+    def peer(self) -> FakePeer:
+        return self.peers[0]
+
+    async def post(self, url: str, body: bytes) -> PeerAnswer:
+        for peer in self.peers:
+            if url.startswith(peer.endpoint + "/"):
+                return await peer.post(url, body)
+        raise PeerUnreachable(f"no route to {url}")
+
+    async def endpoint_of(self, did: str) -> str:
+        await trio.lowlevel.checkpoint()
+        [endpoint] = [p.endpoint for p in self.config.peers if p.peer_did == did]
+        return endpoint
+
+    async def append(self, change: Change, idem: IdemKey | None) -> Outcome:
+        [outcome] = await self.store.append([(change, idem)])
+        self.appended.append((change, outcome))
+        return outcome
+
+    def deps(self, handle: FederationHandle, rand: Callable[[], float] = lambda: RAND) -> PeerDeps:
+        return PeerDeps(
+            store=self.store,
+            append=self.append,
+            key=self.key,
+            transport=self,
+            config=self.config,
+            endpoint_of=self.endpoint_of,
+            handle=handle,
+            clock_ms=now_ms,
+            rand=rand,
+        )
+
+    def replica_seqs(self) -> list[int]:
+        """The `seq` of every replica the actors stored, in the order they stored them."""
+        return [r["seq"] for change, _ in self.appended for r in change.rows["replicas"]]
+
+
+def make_rig(
+    peers: int = 1,
+    *,
+    kinds: list[list[Literal["sync", "discover"]]] | None = None,
+    **settings: Any,
+) -> Rig:
+    key = SigningKey.generate()
+    fakes = [FakePeer(key.did, f"https://peer{n}.example") for n in range(peers)]
+    kinds = kinds or [["sync", "discover"]] * peers
+    config = FederationConfig(
+        peers=[
+            PeerConfig(peer_did=f.did, endpoint=f.endpoint, kinds=k)
+            for f, k in zip(fakes, kinds, strict=True)
+        ],
+        **{"poll_seconds": 5.0, "request_timeout_seconds": 10.0, **settings},
+    )
+    return Rig(key, MemoryStore(clock_ms=now_ms), fakes, config)
+
+
+@asynccontextmanager
+async def running(
+    rig: Rig,
+    handle: FederationHandle | None = None,
+    rand: Callable[[], float] = lambda: RAND,
+) -> AsyncIterator[FederationHandle]:
+    """A PeerActor for the rig's first peer runs inside (entered once the actor is blocked:
+    what it could do at once is done); leaving stops it wherever it was."""
+    handle = handle or FederationHandle()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(run_peer, rig.deps(handle, rand), rig.config.peers[0])
+        await trio.testing.wait_all_tasks_blocked()
+        yield handle
+        nursery.cancel_scope.cancel()
+
+
+def live(handle: FederationHandle, peer: FakePeer) -> PeerState:
+    return handle.states[peer.did]
+
+
+async def peer_records(store: MemoryStore) -> list[LogRecord]:
+    return [r for r in await store.log_after(0, 1_000_000) if r.kind == "peer.status"]
+
+
+def status(
+    peer: FakePeer,
+    *,
+    state: str = "closed",
+    failures: int = 0,
+    cursor: int = 0,
+    lag: int = 0,
+    latency: int | None = None,
+    success_ms: int | None = None,
+    next_ms: int | None = None,
+    quarantines: int = 0,
+) -> dict[str, Any]:
+    """A FederationPeerStatus (spec 2.8), defaults those of a peer never reached."""
+    return {
+        "peerDid": peer.did,
+        "breakerState": state,
+        "consecutiveFailures": failures,
+        "cursor": cursor,
+        "lag": lag,
+        "latencyMs": latency,
+        "lastSuccessAt": None if success_ms is None else rfc3339_ms(success_ms),
+        "nextAttemptAt": None if next_ms is None else rfc3339_ms(next_ms),
+        "quarantines": quarantines,
+    }
+
+
+def approx(times: list[float]) -> Any:
+    return pytest.approx(times, abs=1e-6)
+
+
+# --- pulling ----------------------------------------------------------------------------------
+
+
+async def test_pages_become_replicas_in_order_then_the_actor_polls(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Five versions (an update and a tombstone among them) in pages of two: three requests at
+    once (hasMore), the cursor ends at the head (other records follow the last entry), lag 0;
+    then a request every `poll_seconds`, and what the peer published meanwhile comes with the
+    next one."""
+    rig = make_rig(page_size=2)
+    peer, p = rig.peer, rig.peer.publisher
+    a, b, c, d = (new_did() for _ in range(4))
+    served = [
+        version(p, 2, a, version="1.0.0"),
+        version(p, 3, b),
+        version(p, 5, a, version="1.1.0"),
+        version(p, 6, c, lifecycleStatus="deprecated"),
+        tombstone(8, a),
+    ]
+    peer.serve(*served, head=9)
+    async with running(rig) as handle:
+        await peer.wait_calls(3)
+        assert peer.calls == approx([0, 0, 0])
+        assert peer.asked == [0, 3, 6]
+        assert set(peer.max_entries) == {2}
+        assert rig.replica_seqs() == [2, 3, 5, 6, 8]
+        state = live(handle, peer)
+        assert (state.cursor, state.head, state.lag, state.quarantines) == (9, 9, 0, 0)
+        records = await peer_records(rig.store)
+        assert [(r.data["cursor"], r.data["lag"], r.at_ms) for r in records] == [
+            (3, 6, 0),
+            (6, 3, 0),
+            (9, 0, 0),
+        ]
+        await trio.sleep_until(7.0)
+        assert peer.calls == approx([0, 0, 0, 5])  # caught up: the next poll is 5 s later
+        later = version(p, 11, d)
+        peer.serve(later)
+        await peer.wait_calls(6)
+        assert peer.calls == approx([0, 0, 0, 5, 10, 15])
+        assert peer.asked == [0, 3, 6, 9, 9, 11]
+        assert rig.replica_seqs() == [2, 3, 5, 6, 8, 11]
+        assert len(await peer_records(rig.store)) == 4  # the polls at 5 and 15 wrote nothing
+        state = live(handle, peer)
+        assert (state.cursor, state.head, state.lag) == (11, 11, 0)
+    assert await rig.store.replica_head(a) == ReplicaVersion(peer.did, 8, "deleted", jcs(served[4]))
+    # The versions of `a` as served (newest first), the tombstone not among them.
+    assert await rig.store.replica_versions(a, peer.did, None, 10) == (
+        [jcs(served[2]), jcs(served[0])],
+        2,
+    )
+    assert await rig.store.replica_head(b) == ReplicaVersion(peer.did, 3, "active", jcs(served[1]))
+    assert await rig.store.replica_head(c) == ReplicaVersion(
+        peer.did, 6, "deprecated", jcs(served[3])
+    )
+    assert await rig.store.replica_head(d) == ReplicaVersion(peer.did, 11, "active", jcs(later))
+    row = await rig.store.get_peer(peer.did)
+    assert row is not None
+    assert (row.cursor, row.quarantines, row.status["head"]) == (11, 0, 11)
+    assert row.status["breaker"]["state"] == "closed"
+
+
+@pytest.mark.parametrize(
+    ("how", "code"),
+    [
+        ("signature", "signature_invalid"),
+        ("item_data_hash", "item_data_hash_mismatch"),
+        ("tombstone", "tombstone_invalid"),
+    ],
+)
+async def test_a_forged_entry_is_quarantined_and_the_rest_of_the_page_imported(
+    autojump_clock: trio.testing.MockClock, how: str, code: str
+) -> None:
+    rig = make_rig()
+    peer = rig.peer
+    good = peer.entries(1)
+    bad = forged(version(peer.publisher, 2, new_did()), how)
+    peer.serve(bad)
+    good += peer.entries(3)
+    async with running(rig) as handle:
+        await peer.wait_calls(1)
+        assert rig.replica_seqs() == [1, 3]
+        [(change, _)] = rig.appended
+        [quarantined] = change.rows["quarantined"]
+        assert quarantined["seq"] == 2
+        assert quarantined["entryDid"] == bad["entryDid"]
+        assert quarantined["code"] == code
+        assert quarantined["doc"] == jcs(bad)
+        state = live(handle, peer)
+        assert (state.cursor, state.quarantines, state.breaker.consecutive_failures) == (3, 1, 0)
+        [record] = await peer_records(rig.store)
+        assert record.data == status(peer, cursor=3, latency=0, success_ms=0, quarantines=1)
+        # Another forged one later: the counts add up.
+        peer.serve(forged(version(peer.publisher, 4, new_did()), how))
+        await peer.wait_calls(2)
+        assert live(handle, peer).quarantines == 2
+        assert live(handle, peer).cursor == 4
+    assert await rig.store.replica_head(bad["entryDid"]) is None
+    for doc in good:
+        head = await rig.store.replica_head(doc["entryDid"])
+        assert head is not None
+        assert head.doc == jcs(doc)
+    row = await rig.store.get_peer(peer.did)
+    assert row is not None
+    assert (row.cursor, row.quarantines) == (4, 2)
+    assert (await peer_records(rig.store))[-1].data["quarantines"] == 2
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        "unreachable",
+        "error",
+        "wrong_key",
+        "impostor",
+        "wrong_digest",
+        "stale",
+        "out_of_order",
+        pytest.param(PeerAnswer(200, b"<html>"), id="not_json"),
+    ],
+)
+async def test_an_answer_that_fails_a_check_imports_nothing_and_is_one_failure(
+    autojump_clock: trio.testing.MockClock, fault: Scripted
+) -> None:
+    """One bad answer: nothing stored but the failure (cursor 0), retried 0.75 s later (the
+    first backoff, 1 s jittered at 0.5), which imports the page."""
+    rig = make_rig()
+    peer = rig.peer
+    served = peer.entries(1, 2, 3)
+    peer.script.append(fault)
+    async with running(rig) as handle:
+        await peer.wait_calls(1)
+        assert rig.replica_seqs() == []
+        assert [c.rows["cursor"] for c, _ in rig.appended] == [0]
+        assert live(handle, peer).breaker.consecutive_failures == 1
+        [record] = await peer_records(rig.store)
+        assert record.data == status(peer, failures=1, next_ms=750)
+        for doc in served:
+            assert await rig.store.replica_head(doc["entryDid"]) is None
+        row = await rig.store.get_peer(peer.did)
+        assert row is not None
+        assert row.cursor == 0
+        await peer.wait_calls(2)
+        assert peer.calls == approx([0, 0.75])
+        assert peer.asked == [0, 0]
+        assert rig.replica_seqs() == [1, 2, 3]
+        state = live(handle, peer)
+        assert (state.cursor, state.breaker.state, state.breaker.consecutive_failures) == (
+            3,
+            "closed",
+            0,
+        )
+
+
+# --- the breaker --------------------------------------------------------------------------------
+
+
+async def test_five_failures_open_the_breaker_and_its_cooldown_doubles_up_to_ten_minutes(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    rig = make_rig()
+    peer = rig.peer
+    peer.fault = "unreachable"
+    async with running(rig) as handle:
+        await peer.wait_calls(5)
+        # Closed: retries after 0.75, 1.5, 3 and 6 s; the fifth failure opens the breaker.
+        assert peer.calls == approx([0, 0.75, 2.25, 5.25, 11.25])
+        state = live(handle, peer)
+        assert state.breaker.state == "open"
+        assert state.status_json(now_ms()) == status(peer, state="open", failures=5, next_ms=41_250)
+        await trio.sleep_until(41.249)
+        assert len(peer.calls) == 5  # no call during the cooldown
+        assert live(handle, peer).status_json(41_250)["breakerState"] == "half_open"
+        await peer.wait_calls(6)
+        assert peer.calls[5] == pytest.approx(41.25)  # the half-open trial
+        # The failed trial re-opens the breaker for 60 s.
+        assert live(handle, peer).status_json(now_ms()) == status(
+            peer, state="open", failures=6, next_ms=101_250
+        )
+        await peer.wait_calls(12)
+        trials = [30.0, 60.0, 120.0, 240.0, 480.0, 600.0, 600.0]
+        assert peer.gaps()[4:] == approx(trials)
+        row = await rig.store.get_peer(peer.did)
+        assert row is not None
+        assert row.status["breaker"]["cooldownMs"] == 600_000
+        assert row.status["breaker"]["consecutiveFailures"] == 12
+        # The peer is back: the next trial closes the breaker and imports.
+        peer.fault = None
+        peer.entries(1, 2)
+        await peer.wait_calls(13)
+        assert peer.gaps()[-1] == pytest.approx(600.0)
+        success_ms = now_ms()
+        assert success_ms == 2_741_250
+        assert rig.replica_seqs() == [1, 2]
+        assert live(handle, peer).status_json(now_ms()) == status(
+            peer, cursor=2, latency=0, success_ms=success_ms
+        )
+        row = await rig.store.get_peer(peer.did)
+        assert row is not None
+        assert row.status["breaker"]["state"] == "closed"
+        assert row.status["breaker"]["consecutiveFailures"] == 0
+        assert row.status["breaker"]["cooldownMs"] == 0
+        # Failing again starts over: a 0.75 s backoff while closed, not a cooldown.
+        peer.fault = "unreachable"
+        await peer.wait_calls(15)
+        assert peer.gaps()[-2:] == approx([5.0, 0.75])
+        assert live(handle, peer).breaker.consecutive_failures == 2
+    records = await peer_records(rig.store)
+    assert len(records) == 15  # one per call: each changed the breaker
+    assert [r.data["breakerState"] for r in records] == ["closed"] * 4 + ["open"] * 8 + [
+        "closed"
+    ] * 3
+    assert [r.data["nextAttemptAt"] for r in records[4:12]] == [
+        rfc3339_ms(round(t * 1000)) for t in [41.25, 101.25, 221.25, 461.25, 941.25, 1541.25]
+    ] + [rfc3339_ms(2_141_250), rfc3339_ms(2_741_250)]
+
+
+async def test_failures_while_closed_are_spaced_by_the_jittered_backoff(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """One draw per failure: 1, 2, 4, 8 s with draws 0, 0.25, 0.5, 0.75 wait 0.5, 1.25, 3, 7 s;
+    the fifth call succeeds and the next is a poll."""
+    rig = make_rig()
+    peer = rig.peer
+    peer.entries(1)
+    peer.script.extend(["error", "unreachable", "error", "unreachable"])
+    draws = iter([0.0, 0.25, 0.5, 0.75])
+    async with running(rig, rand=lambda: next(draws)) as handle:
+        await peer.wait_calls(6)
+    assert peer.gaps() == approx([0.5, 1.25, 3.0, 7.0, 5.0])
+    assert list(draws) == []
+    records = await peer_records(rig.store)
+    assert [r.data["nextAttemptAt"] for r in records] == [
+        rfc3339_ms(500),
+        rfc3339_ms(1750),
+        rfc3339_ms(4750),
+        rfc3339_ms(11_750),
+        None,
+    ]
+    assert [r.data["consecutiveFailures"] for r in records] == [1, 2, 3, 4, 0]
+    assert {r.data["breakerState"] for r in records} == {"closed"}
+    assert live(handle, peer).cursor == 1
+
+
+async def test_a_429_is_not_a_failure_and_the_actor_waits_retry_after(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """After one failure (retry at 0.75 s), seven 429s (more than would open the breaker): the
+    first says Retry-After 7, the others none (1 s); the failure count stays 1 throughout."""
+    rig = make_rig()
+    peer = rig.peer
+    peer.entries(1)
+    peer.script.append("unreachable")
+    peer.script.append(PeerAnswer(429, b'{"code":"rate_limited"}', retry_after=7.0))
+    peer.script.extend([PeerAnswer(429, b"{}")] * 6)
+    async with running(rig) as handle:
+        await peer.wait_calls(5)
+        state = live(handle, peer)
+        assert (state.breaker.state, state.breaker.consecutive_failures) == ("closed", 1)
+        assert len(await peer_records(rig.store)) == 1  # a 429 changes nothing durable
+        await peer.wait_calls(9)
+    assert peer.calls == approx([0, 0.75, 7.75, 8.75, 9.75, 10.75, 11.75, 12.75, 13.75])
+    records = await peer_records(rig.store)
+    assert [(r.at_ms, r.data["consecutiveFailures"]) for r in records] == [(0, 1), (13_750, 0)]
+    assert rig.replica_seqs() == [1]
+
+
+@pytest.mark.parametrize("seconds", [3.0, 10.0])
+async def test_a_hanging_peer_times_out_as_a_failure(
+    autojump_clock: trio.testing.MockClock, seconds: float
+) -> None:
+    rig = make_rig(request_timeout_seconds=seconds)
+    peer = rig.peer
+    peer.entries(1)
+    peer.script.append("hang")
+    async with running(rig) as handle:
+        await trio.sleep_until(seconds - 0.001)
+        assert await peer_records(rig.store) == []  # still waiting for the answer
+        await peer.wait_calls(2)
+        assert live(handle, peer).cursor == 1
+    assert peer.calls == approx([0, seconds + 0.75])
+    first, second = await peer_records(rig.store)
+    assert first.at_ms == seconds * 1000
+    assert first.data == status(peer, failures=1, next_ms=round((seconds + 0.75) * 1000))
+    assert second.data["consecutiveFailures"] == 0
+
+
+# --- durability ---------------------------------------------------------------------------------
+
+
+async def test_a_restarted_actor_resumes_from_the_stored_cursor(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Stopped while its third request hangs (two pages of two stored), a new actor over the
+    same store asks from the stored cursor: each version is imported exactly once."""
+    rig = make_rig(page_size=2)
+    peer = rig.peer
+    served = peer.entries(1, 2, 3, 4, 5, 6)
+    peer.script.extend([None, None, "hang"])
+    async with running(rig):
+        await peer.wait_calls(3)
+        assert rig.replica_seqs() == [1, 2, 3, 4]
+        await trio.sleep(1.0)
+    row = await rig.store.get_peer(peer.did)
+    assert row is not None
+    assert row.cursor == 4
+    async with running(rig) as handle:
+        await peer.wait_calls(5)
+        assert peer.asked == [0, 2, 4, 4, 6]
+        assert peer.calls[3] == pytest.approx(1.0)  # at once: the first run had no failure
+        assert live(handle, peer).cursor == 6
+    assert rig.replica_seqs() == [1, 2, 3, 4, 5, 6]
+    for doc in served:
+        head = await rig.store.replica_head(doc["entryDid"])
+        assert head is not None
+        assert (head.origin_seq, head.doc) == (doc["sequence"], jcs(doc))
+
+
+async def test_a_restarted_actor_keeps_the_breaker_open(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Opened at 11.25 s (cooldown until 41.25 s), stopped at 20 s and restarted at 25 s: no
+    call before 41.25 s; the failed trial doubles the stored cooldown; then the peer is back."""
+    rig = make_rig()
+    peer = rig.peer
+    peer.fault = "unreachable"
+    async with running(rig):
+        await peer.wait_calls(5)
+        await trio.sleep_until(20.0)
+    await trio.sleep_until(25.0)
+    async with running(rig) as handle:
+        state = live(handle, peer)
+        assert (state.breaker.state, state.breaker.consecutive_failures) == ("open", 5)
+        assert state.status_json(now_ms())["nextAttemptAt"] == rfc3339_ms(41_250)
+        await peer.wait_calls(6)
+        assert peer.calls[5] == pytest.approx(41.25)
+        peer.fault = None
+        peer.entries(1)
+        await peer.wait_calls(7)
+        assert peer.calls[6] == pytest.approx(101.25)  # 60 s: the stored cooldown doubled
+        state = live(handle, peer)
+        assert (state.breaker.state, state.breaker.consecutive_failures, state.cursor) == (
+            "closed",
+            0,
+            1,
+        )
+
+
+async def test_a_cursor_moved_by_another_leader_is_reloaded_not_overwritten(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """While our request is in flight, another leader stores the peer's first four versions
+    (cursor 0 → 4). Our page (1..6) is refused by the compare-and-set on the cursor: nothing of
+    it is written; the actor reloads and the next poll asks from 4."""
+    rig = make_rig()
+    peer = rig.peer
+    served = peer.entries(1, 2, 3, 4, 5, 6)
+    peer.gate = trio.Event()
+    async with running(rig) as handle:
+        await peer.wait_calls(1)
+        replicas, _ = sort_entries(served[:4])
+        theirs = PeerState(peer.did, cursor=4, head=6)
+        [moved] = await rig.store.append(
+            [
+                (
+                    Change(
+                        "peer.status",
+                        None,
+                        {
+                            "peerDid": peer.did,
+                            "expectedCursor": 0,
+                            "cursor": 4,
+                            "status": theirs.to_stored(),
+                            "replicas": [r.row() for r in replicas],
+                            "quarantined": [],
+                        },
+                        event=theirs.status_json(now_ms()),
+                    ),
+                    None,
+                )
+            ]
+        )
+        assert moved.refusal is None
+        peer.gate.set()
+        peer.gate = None
+        await trio.testing.wait_all_tasks_blocked()
+        [(refused, outcome)] = rig.appended
+        assert outcome.refusal is not None
+        assert outcome.refusal.code == "peer_cursor_moved"
+        assert live(handle, peer).cursor == 4
+        await peer.wait_calls(2)
+        assert peer.asked == [0, 4]
+        assert peer.calls == approx([0, 5])
+        assert rig.replica_seqs()[len(refused.rows["replicas"]) :] == [5, 6]
+        assert live(handle, peer).cursor == 6
+    for doc in served:
+        head = await rig.store.replica_head(doc["entryDid"])
+        assert head is not None
+        assert head.origin_seq == doc["sequence"]
+    row = await rig.store.get_peer(peer.did)
+    assert row is not None
+    assert row.cursor == 6
+
+
+# --- the peer.status records --------------------------------------------------------------------
+
+
+async def test_each_durable_change_is_one_peer_status_record_and_an_idle_poll_writes_nothing(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Each call takes 0.2 s: a failure at 0.2 s (retry at 0.95), an import at 1.15 s (latency
+    200 ms), then idle polls that leave the log alone while the live state keeps up."""
+    rig = make_rig()
+    peer = rig.peer
+    peer.delay = 0.2
+    peer.entries(1, 2)
+    peer.script.append("unreachable")
+    async with running(rig) as handle:
+        await peer.wait_calls(5)
+        await trio.sleep(0.5)  # the last poll answered
+        head = await rig.store.log_head()
+        records = await peer_records(rig.store)
+        assert len(records) == head == 2
+        failure, imported = records
+        assert failure.data == status(peer, failures=1, next_ms=950)
+        assert failure.at_ms == 200
+        assert imported.data == status(peer, cursor=2, latency=200, success_ms=1150)
+        assert imported.at_ms == 1150
+        for record, (change, outcome) in zip(records, rig.appended, strict=True):
+            assert record.seq == outcome.sequence
+            assert record.entry_did is None
+            assert set(record.data) == STATUS_KEYS
+            assert record.data == change.event
+        assert peer.calls == approx([0, 0.95, 6.15, 11.35, 16.55])
+        state = live(handle, peer)
+        assert state.breaker.last_success_at_ms == 16_750  # live, though not written
+        assert state.status_json(now_ms())["latencyMs"] == 200
+        assert [r.data for r in await peer_records(rig.store)] == [failure.data, imported.data]
+    row = await rig.store.get_peer(peer.did)
+    assert row is not None
+    assert row.status == {"breaker": row.status["breaker"], "head": 2}
+    assert row.status["breaker"]["lastSuccessAtMs"] == 1150
+
+
+# --- leadership ---------------------------------------------------------------------------------
+
+
+async def test_run_federation_pulls_each_sync_peer_only_while_it_leads(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Someone else holds the `federation` leadership until 31 s: nothing is pulled. Then one
+    actor per peer allowed to `sync` (a discover-only peer is never called): each at its own
+    pace, the failing one backing off without disturbing the other."""
+    rig = make_rig(3, kinds=[["sync"], ["sync", "discover"], ["discover"]])
+    healthy, failing, discover_only = rig.peers
+    healthy.entries(1, 2)
+    failing.fault = "error"
+    handle = FederationHandle()
+    release = trio.Event()
+
+    async def other_leader() -> None:
+        async with rig.store.leadership("federation"):
+            await release.wait()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(other_leader)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(run_federation, rig.deps(handle))
+        await trio.sleep_until(31.0)
+        assert [p.calls for p in rig.peers] == [[], [], []]
+        assert not handle.leader
+        assert handle.live() == {}
+        release.set()
+        await healthy.wait_calls(3)
+        assert handle.leader
+        start = 32.0  # its first try for the leadership (one every 2 s) after the release
+        assert healthy.calls == approx([start, start + 5, start + 10])
+        assert failing.calls[:4] == approx([start, start + 0.75, start + 2.25, start + 5.25])
+        assert discover_only.calls == []
+        assert set(handle.live()) == {healthy.did, failing.did}
+        assert handle.live()[healthy.did].cursor == 2
+        assert handle.live()[failing.did].breaker.consecutive_failures == len(failing.calls)
+        nursery.cancel_scope.cancel()
+    assert not handle.leader
+    assert handle.live() == {}
+
+
+async def test_losing_the_leadership_ends_the_run_with_unavailable_and_stops_pulling(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    rig = make_rig(2)
+    first, second = rig.peers
+    first.entries(1)
+    second.entries(1, 2)
+    handle = FederationHandle()
+    ended = trio.Event()
+
+    async def run_once() -> None:
+        try:
+            await run_federation(rig.deps(handle))
+        except* Unavailable:
+            ended.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(run_once)
+        await first.wait_calls(2)
+        await second.wait_calls(2)
+        assert handle.leader
+        rig.store.break_leadership("federation")
+        with trio.fail_after(1):
+            await ended.wait()
+        assert not handle.leader
+        assert handle.live() == {}
+        calls = [len(p.calls) for p in rig.peers]
+        await trio.sleep(60)
+        assert [len(p.calls) for p in rig.peers] == calls  # no actor outlived the run
+    assert sorted(rig.replica_seqs()) == [1, 1, 2]  # 1 from the first peer, 1 and 2 from the other
+    # A new run (as `supervise` would start) resumes where the first stopped.
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(run_federation, rig.deps(handle))
+        await first.wait_calls(calls[0] + 1)
+        await second.wait_calls(calls[1] + 1)
+        assert first.asked[-1] == 1
+        assert second.asked[-1] == 2
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_database_outage_restarts_the_peer_actor_without_losing_anything(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Writes fail for 10 s: each pull's append raises `Unavailable`, the actor restarts under
+    `run_federation`'s supervision (from the stored cursor, so it asks from 0 again) and the
+    run keeps its leadership; once writes succeed the page is stored exactly once."""
+    rig = make_rig()
+    peer = rig.peer
+    peer.entries(1, 2, 3)
+    rig.store.fail_writes = True
+    handle = FederationHandle()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(run_federation, rig.deps(handle))
+        await peer.wait_calls(3)
+        assert rig.replica_seqs() == []
+        await trio.sleep_until(10.0)
+        rig.store.fail_writes = False
+        await trio.sleep_until(60.0)
+        assert handle.leader
+        assert set(peer.asked[: peer.asked.index(3)]) == {0}
+        assert handle.live()[peer.did].cursor == 3
+        nursery.cancel_scope.cancel()
+    assert rig.replica_seqs() == [1, 2, 3]
+
+
+# --- found while writing these tests ------------------------------------------------------------
+
+
+async def test_a_page_that_makes_no_progress_is_not_asked_again_at_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A peer answering `hasMore: true` with no entry and `nextSequence` = `fromSequence`
+    (buggy or hostile) must not make the actor ask again at the same instant, forever."""
+    rig = make_rig()
+    peer = rig.peer
+    peer.entries(1)
+    peer.script.extend(["stuck"] * 50)
+    async with running(rig):
+        await peer.wait_calls(2)
+    assert peer.calls[1] - peer.calls[0] >= 0.5, (
+        f"{sum(1 for t in peer.calls if t == peer.calls[0])} requests at the same instant"
+    )
+
+
+async def test_a_429_answering_the_half_open_trial_waits_retry_after(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The module's rule: a 429 is back-pressure, the actor waits for Retry-After (5 s here),
+    also when the 429 answers the half-open trial."""
+    rig = make_rig()
+    peer = rig.peer
+    peer.entries(1)
+    peer.script.extend(["unreachable"] * 5)
+    peer.script.append(PeerAnswer(429, b"{}", retry_after=5.0))
+    async with running(rig) as handle:
+        await peer.wait_calls(7)
+        assert live(handle, peer).cursor == 1
+    assert peer.calls[5] == pytest.approx(41.25)  # the trial
+    assert peer.calls[6] == pytest.approx(46.25)
