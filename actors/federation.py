@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import logging
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Protocol
@@ -128,15 +128,27 @@ def _retry_after(headers: httpx.Headers) -> float | None:
 
 
 class FederationHandle:
-    """What outlives the actors' restarts: each peer's live state (written only by its own
-    actor; readers take a copy), and whether this process leads."""
+    """What outlives the actors' restarts: the peers as configured now (a reload replaces
+    them), each peer's live state (written only by its own actor; readers take a copy), and
+    whether this process leads."""
 
-    def __init__(self) -> None:
+    def __init__(self, peers: Iterable[PeerConfig] = ()) -> None:
+        self.peers: tuple[PeerConfig, ...] = tuple(peers)
         self.states: dict[str, PeerState] = {}
         self.leader = False
+        self._changed = trio.Event()
 
     def live(self) -> dict[str, PeerState]:
         return dict(self.states) if self.leader else {}
+
+    def reconfigure(self, peers: Iterable[PeerConfig]) -> None:
+        """New peers from a configuration reload: actors start and stop to match."""
+        self.peers = tuple(peers)
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def changed(self) -> None:
+        await self._changed.wait()
 
 
 @dataclass(frozen=True)
@@ -145,7 +157,7 @@ class PeerDeps:
     append: Append
     key: SigningKey
     transport: PeerTransport
-    config: FederationConfig
+    config: FederationConfig  # timings and page size (the peers are the handle's)
     endpoint_of: Callable[[str], Awaitable[str]]
     handle: FederationHandle
     clock_ms: Callable[[], int]
@@ -154,30 +166,48 @@ class PeerDeps:
 
 
 async def run_federation(deps: PeerDeps) -> None:
-    """Lead the PeerActors until cancelled (run it under `supervise`)."""
-    peers = [p for p in deps.config.peers if "sync" in p.kinds]
-    if not peers:
-        await trio.sleep_forever()
+    """Lead the PeerActors until cancelled (run it under `supervise`): while no peer may be
+    pulled from, wait for a reload without taking the leadership."""
+    handle = deps.handle
+    while not _sync_peers(handle):
+        await handle.changed()
     try:
         async with deps.store.leadership(LEADERSHIP) as leadership:
-            deps.handle.leader = True
-            log.info("federation: this process pulls from %d peer(s)", len(peers))
+            handle.leader = True
+            log.info("federation: this process pulls from its peers")
             async with trio.open_nursery() as nursery:
 
                 async def watch() -> None:
                     await leadership.lost()  # raises Unavailable: the run ends
 
                 nursery.start_soon(watch)
-                for peer in peers:
-                    nursery.start_soon(
-                        partial(
-                            supervise,
-                            f"peer {peer.peer_did[:24]}…",
-                            partial(run_peer, deps, peer),
-                        )
-                    )
+                running: dict[str, tuple[PeerConfig, trio.CancelScope]] = {}
+                while True:
+                    wanted = _sync_peers(handle)
+                    for did in list(running):
+                        if wanted.get(did) != running[did][0]:
+                            running.pop(did)[1].cancel()
+                            handle.states.pop(did, None)
+                            log.info("federation: stopped pulling from %s", did)
+                    for did, peer in wanted.items():
+                        if did not in running:
+                            scope = await nursery.start(_run_scoped, deps, peer)
+                            running[did] = (peer, scope)
+                    await handle.changed()
     finally:
-        deps.handle.leader = False
+        handle.leader = False
+
+
+def _sync_peers(handle: FederationHandle) -> dict[str, PeerConfig]:
+    return {p.peer_did: p for p in handle.peers if "sync" in p.kinds}
+
+
+async def _run_scoped(
+    deps: PeerDeps, peer: PeerConfig, *, task_status: trio.TaskStatus[trio.CancelScope]
+) -> None:
+    with trio.CancelScope() as scope:
+        task_status.started(scope)
+        await supervise(f"peer {peer.peer_did[:24]}…", partial(run_peer, deps, peer))
 
 
 class _Failed(Exception):

@@ -22,6 +22,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
@@ -158,7 +159,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     _setup_logging(config)
     try:
-        trio.run(serve, config)
+        trio.run(partial(serve, config, reload=lambda: _config(args)))
     except BaseException as exc:  # the checks above can race: explain what `serve` met
         failure = _server_failure(exc, config)
         if failure is None:

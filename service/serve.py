@@ -14,7 +14,7 @@ import gc
 import logging
 import os
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AsyncExitStack, contextmanager
 from pathlib import Path
 
@@ -30,7 +30,7 @@ from registry.keys import load_or_create_key
 from registry.store.embedded import EmbeddedPostgres
 from registry.store.migrate import migrate
 from registry.store.pg import open_pg_store
-from service.wiring import open_service
+from service.wiring import Service, open_service
 
 log = logging.getLogger("registry")
 
@@ -90,9 +90,31 @@ async def _watch_signals(stop: trio.Event) -> None:
             return
 
 
+async def _watch_reloads(reload: Callable[[], Config], service: Service) -> None:
+    """SIGHUP: read the configuration again and apply what can change while running (the
+    federation peers); anything else needs a restart. A bad file is logged and ignored."""
+    with trio.open_signal_receiver(signal.SIGHUP) as signals:
+        async for _ in signals:
+            try:
+                fresh = reload()
+            except Exception as exc:  # a bad file must not stop a running registry
+                log.error("configuration reload refused, keeping the running one: %s", exc)
+                continue
+            before = {p.peer_did for p in service.federation.peers}
+            after = {p.peer_did for p in fresh.federation.peers}
+            service.federation.reconfigure(fresh.federation.peers)
+            log.info(
+                "configuration reloaded: %d federation peer(s) (%d added, %d removed)",
+                len(after),
+                len(after - before),
+                len(before - after),
+            )
+
+
 async def serve(
     config: Config,
     *,
+    reload: Callable[[], Config] | None = None,
     stop: trio.Event | None = None,
     handle_signals: bool = True,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
@@ -131,6 +153,8 @@ async def serve(
         async with trio.open_nursery() as nursery:
             if handle_signals:
                 nursery.start_soon(_watch_signals, stop)
+                if reload is not None:
+                    nursery.start_soon(_watch_reloads, reload, service)
             http_done = trio.Event()
 
             async def run_http(task_status: trio.TaskStatus[list[str]]) -> None:

@@ -98,6 +98,7 @@ async def open_service(
         )
 
         changes = ChangeLog(writer.append, store)
+        federation_handle = FederationHandle(config.federation.peers)
         sessions = Sessions(
             store=store,
             changes=changes,
@@ -105,6 +106,7 @@ async def open_service(
             key=key,
             identity=identity,
             cache=caches.sessions,
+            peer_dids=lambda: [p.peer_did for p in federation_handle.peers],
         )
         entries = Entries(
             store=store,
@@ -131,15 +133,14 @@ async def open_service(
                 Decimal(config.bonds.treasury_share),
             ),
         )
-        federation_handle = FederationHandle()
-        transport = None
-        if config.federation.peers:
-            client = httpx.AsyncClient(timeout=config.federation.request_timeout_seconds)
-            nursery.start_soon(_close_at_exit, client)
-            transport = HttpTransport(
-                client,
-                max_bytes=limits.federation_body_bytes + 2 * limits.entry_body_bytes,
-            )
+        # Federation: the peers' HTTP client and the PeerActors, which wait (without taking
+        # the federation lock) while no peer is configured; a reload may add some
+        # (`federation_handle.reconfigure`).
+        client = httpx.AsyncClient(timeout=config.federation.request_timeout_seconds)
+        nursery.start_soon(_close_at_exit, client)
+        transport = HttpTransport(
+            client, max_bytes=limits.federation_body_bytes + 2 * limits.entry_body_bytes
+        )
         federation = Federation(
             store=store,
             changes=changes,
@@ -147,28 +148,28 @@ async def open_service(
             key=key,
             live=federation_handle.live,
             discovery=discovery,
-            call=None if transport is None else transport.call,
+            call=transport.call,
+            peer_list=lambda: federation_handle.peers,
         )
-        if transport is not None:
-            nursery.start_soon(
+        nursery.start_soon(
+            partial(
+                supervise,
+                "federation",
                 partial(
-                    supervise,
-                    "federation",
-                    partial(
-                        run_federation,
-                        PeerDeps(
-                            store=store,
-                            append=writer.append,
-                            key=key,
-                            transport=transport,
-                            config=config.federation,
-                            endpoint_of=federation.endpoint_of,
-                            handle=federation_handle,
-                            clock_ms=now_ms,
-                        ),
+                    run_federation,
+                    PeerDeps(
+                        store=store,
+                        append=writer.append,
+                        key=key,
+                        transport=transport,
+                        config=config.federation,
+                        endpoint_of=federation.endpoint_of,
+                        handle=federation_handle,
+                        clock_ms=now_ms,
                     ),
-                )
+                ),
             )
+        )
         deps = Deps(
             entries=entries,
             sessions=sessions,

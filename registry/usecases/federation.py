@@ -27,7 +27,7 @@ import hashlib
 import hmac
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
@@ -97,6 +97,7 @@ class Federation:
         clock_ms: Callable[[], int] = now_ms,
         discovery: Discovery | None = None,
         call: DiscoverCall | None = None,
+        peer_list: Callable[[], Sequence[PeerConfig]] | None = None,
     ) -> None:
         self.store = store
         self.changes = changes
@@ -105,10 +106,15 @@ class Federation:
         self.policy = policy or BreakerPolicy()
         self.live = live  # the PeerActors' current states in this process (if it leads them)
         self.clock_ms = clock_ms
-        self.peers: dict[str, PeerConfig] = {p.peer_did: p for p in config.federation.peers}
+        self.peer_list = peer_list or (lambda: config.federation.peers)
         self.discovery = discovery
         self.call = call
         self._cursor_key = hashlib.sha256(b"registry federated cursor\0" + key.seed).digest()
+
+    @property
+    def peers(self) -> dict[str, PeerConfig]:
+        """The configured peers now (a configuration reload may change them)."""
+        return {p.peer_did: p for p in self.peer_list()}
 
     # --- sync (the server side) -----------------------------------------------------------
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from registry.caches import FollowedCache
@@ -35,8 +35,11 @@ class Sessions:
         identity: IdentityResolver,
         cache: FollowedCache[bytes, SessionRecord],
         clock_ms: Callable[[], int] = now_ms,
+        peer_dids: Callable[[], Iterable[str]] | None = None,
     ) -> None:
         self.store = store
+        # Federation peers' registry DIDs (granted `federation`); a reload may change them.
+        self.peer_dids = peer_dids or (lambda: [p.peer_did for p in config.federation.peers])
         self.changes = changes
         self.config = config
         self.key = key
@@ -99,10 +102,7 @@ class Sessions:
                 signer.did,
                 defaults=auth.default_capabilities,
                 admin_dids=auth.admin_dids,
-                federation_dids=[
-                    *auth.federation_dids,
-                    *(p.peer_did for p in self.config.federation.peers),
-                ],
+                federation_dids=[*auth.federation_dids, *self.peer_dids()],
             ),
             expires_at_ms=expires,
         )

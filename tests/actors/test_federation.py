@@ -812,7 +812,7 @@ async def test_run_federation_pulls_each_sync_peer_only_while_it_leads(
     healthy, failing, discover_only = rig.peers
     healthy.entries(1, 2)
     failing.fault = "error"
-    handle = FederationHandle()
+    handle = FederationHandle(rig.config.peers)
     release = trio.Event()
 
     async def other_leader() -> None:
@@ -849,7 +849,7 @@ async def test_losing_the_leadership_ends_the_run_with_unavailable_and_stops_pul
     first, second = rig.peers
     first.entries(1)
     second.entries(1, 2)
-    handle = FederationHandle()
+    handle = FederationHandle(rig.config.peers)
     ended = trio.Event()
 
     async def run_once() -> None:
@@ -892,7 +892,7 @@ async def test_a_database_outage_restarts_the_peer_actor_without_losing_anything
     peer = rig.peer
     peer.entries(1, 2, 3)
     rig.store.fail_writes = True
-    handle = FederationHandle()
+    handle = FederationHandle(rig.config.peers)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(run_federation, rig.deps(handle))
         await peer.wait_calls(3)
@@ -941,3 +941,34 @@ async def test_a_429_answering_the_half_open_trial_waits_retry_after(
         assert live(handle, peer).cursor == 1
     assert peer.calls[5] == pytest.approx(41.25)  # the trial
     assert peer.calls[6] == pytest.approx(46.25)
+
+
+async def test_a_reload_starts_and_stops_peer_actors_without_a_restart(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """No peer at start: the federation lock is not even taken. A reload adding two peers
+    starts their actors; one removing the first stops it (no call after), keeping the other."""
+    rig = make_rig(2)
+    first, second = rig.peers
+    first.entries(1)
+    (_, latest) = second.entries(1, 2)
+    handle = FederationHandle()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(run_federation, rig.deps(handle))
+        await trio.sleep(60)
+        assert not handle.leader
+        assert first.calls == second.calls == []
+        handle.reconfigure(rig.config.peers)
+        await first.wait_calls(1)
+        await second.wait_calls(1)
+        assert handle.leader
+        handle.reconfigure([rig.config.peers[1]])
+        await trio.testing.wait_all_tasks_blocked()
+        stopped_at = len(first.calls)
+        await second.wait_calls(len(second.calls) + 3)
+        assert len(first.calls) == stopped_at
+        assert set(handle.live()) == {second.did}
+        replica = await rig.store.replica_head(latest["entryDid"])
+        assert replica is not None
+        assert replica.origin_did == second.did
+        nursery.cancel_scope.cancel()
