@@ -51,6 +51,8 @@ def register(app: QuartTrio) -> None:
         assert ctx.principal is not None
         ctx.principal.require("admin")
         checks = await _checks()
+        if checks.get("database") == "ok":
+            checks["federation"] = await deps().federation.health()
         status = _status(checks)
         log_head = await deps().store.log_head()
         return json_response(dumps({"status": status, "checks": checks, "logHead": log_head}))

@@ -499,6 +499,24 @@ class Federation:
 
     # --- the operator view ----------------------------------------------------------------
 
+    async def health(self) -> str:
+        """The deep health check of the peers: `ok`, or how many have an open breaker."""
+        peers = self.peers
+        if not peers:
+            return "ok"
+        rows = {r.peer_did: r for r in await self.store.list_peers()}
+        live = self.live()
+        now = self.clock_ms()
+        down = [
+            did
+            for did in peers
+            if (live.get(did) or peer_state(rows.get(did), did, self.policy)).breaker.state_at(now)
+            != "closed"
+        ]
+        if not down:
+            return "ok"
+        return f"degraded: {len(down)} of {len(peers)} peers unreachable (breaker open)"
+
     async def statuses(self, principal: Principal) -> list[dict[str, Any]]:
         """FederationPeerStatus of every configured peer (admin)."""
         principal.require("admin")
