@@ -79,26 +79,25 @@ class PeerState:
         )
 
     def status_json(self, now_ms: int) -> dict[str, Any]:
-        """The FederationPeerStatus of spec 2.8 (the operator view)."""
+        """The FederationPeerStatus of spec 2.8 (the operator view); members without a value
+        yet (no latency, no success, no attempt scheduled) are omitted, as spec §2 says."""
         b = self.breaker
-        latency = b.latency.value_ms
         state = b.state_at(now_ms)
-        next_attempt = (
-            None if state == "closed" and b.consecutive_failures == 0 else (b.next_attempt_at_ms)
-        )
-        return {
+        status: dict[str, Any] = {
             "peerDid": self.peer_did,
             "breakerState": state,
             "consecutiveFailures": b.consecutive_failures,
             "cursor": self.cursor,
             "lag": self.lag,
-            "latencyMs": None if latency is None else round(latency),
-            "lastSuccessAt": None
-            if b.last_success_at_ms is None
-            else rfc3339_ms(b.last_success_at_ms),
-            "nextAttemptAt": None if next_attempt is None else rfc3339_ms(next_attempt),
             "quarantines": self.quarantines,
         }
+        if b.latency.value_ms is not None:
+            status["latencyMs"] = round(b.latency.value_ms)
+        if b.last_success_at_ms is not None:
+            status["lastSuccessAt"] = rfc3339_ms(b.last_success_at_ms)
+        if state != "closed" or b.consecutive_failures:
+            status["nextAttemptAt"] = rfc3339_ms(b.next_attempt_at_ms)
+        return status
 
 
 def sync_request(state: PeerState, max_entries: int = SYNC_PAGE) -> dict[str, Any]:

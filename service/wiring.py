@@ -136,8 +136,8 @@ async def open_service(
         # Federation: the peers' HTTP client and the PeerActors, which wait (without taking
         # the federation lock) while no peer is configured; a reload may add some
         # (`federation_handle.reconfigure`).
+        # The client closes only once the actors using it have stopped (their own task).
         client = httpx.AsyncClient(timeout=config.federation.request_timeout_seconds)
-        nursery.start_soon(_close_at_exit, client)
         transport = HttpTransport(
             client, max_bytes=limits.federation_body_bytes + 2 * limits.entry_body_bytes
         )
@@ -151,25 +151,22 @@ async def open_service(
             call=transport.call,
             peer_list=lambda: federation_handle.peers,
         )
-        nursery.start_soon(
-            partial(
-                supervise,
-                "federation",
-                partial(
-                    run_federation,
-                    PeerDeps(
-                        store=store,
-                        append=writer.append,
-                        key=key,
-                        transport=transport,
-                        config=config.federation,
-                        endpoint_of=federation.endpoint_of,
-                        handle=federation_handle,
-                        clock_ms=now_ms,
-                    ),
-                ),
-            )
+        federation_deps = PeerDeps(
+            store=store,
+            append=writer.append,
+            key=key,
+            transport=transport,
+            config=config.federation,
+            endpoint_of=federation.endpoint_of,
+            handle=federation_handle,
+            clock_ms=now_ms,
         )
+
+        async def run_peers() -> None:
+            async with client:
+                await supervise("federation", partial(run_federation, federation_deps))
+
+        nursery.start_soon(run_peers)
         deps = Deps(
             entries=entries,
             sessions=sessions,
@@ -245,12 +242,3 @@ async def _start_anchoring(
             ),
         )
     )
-
-
-async def _close_at_exit(client: httpx.AsyncClient) -> None:
-    """Close the peers' HTTP client when the service's nursery is cancelled."""
-    try:
-        await trio.sleep_forever()
-    finally:
-        with trio.CancelScope(shield=True):
-            await client.aclose()

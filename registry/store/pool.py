@@ -21,6 +21,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import asyncpg
 
@@ -51,6 +52,7 @@ class LeanPool:
     async def _connect(self) -> asyncpg.Connection:
         conn = await asyncpg.connect(
             self._dsn,
+            ssl=_loopback_ssl(self._dsn),
             server_settings=self._server_settings,
             # No asyncio timers: trio-asyncio keeps even cancelled ones until they come due, and
             # while any is pending every pass of its loop arms a Trio deadline. Connecting is
@@ -143,3 +145,20 @@ class LeanPool:
                 conn.terminate()
         self._all.clear()
         self._idle.clear()
+
+
+_LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1", "[::1]", ""})
+
+
+def _loopback_ssl(dsn: str) -> bool | None:
+    """False (no TLS negotiation) for a loopback or socket DSN that names no `sslmode`: the
+    default `prefer` first asks for TLS, and a connect cancelled during that exchange leaves an
+    unread failed future that trio-asyncio re-raises into its nursery at shutdown. Anything else
+    (None) follows the DSN and libpq's defaults."""
+    parts = urlsplit(dsn)
+    if "sslmode" in parse_qs(parts.query):
+        return None
+    host = parts.hostname or ""
+    if host in _LOOPBACK or host.startswith("/") or "host=/" in parts.query:
+        return False
+    return None

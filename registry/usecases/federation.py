@@ -136,7 +136,7 @@ class Federation:
             {
                 "entries": "[" + ",".join(doc for _, doc in page) + "]",
                 "hasMore": "true" if more else "false",
-                "headSequence": str(max(head, after)),
+                "headSequence": str(head),
                 "nextSequence": str(next_sequence),
             }
         )
@@ -432,13 +432,16 @@ class Federation:
         state = self.live().get(did) or peer_state(row, did, self.policy)
         seen.append(state.breaker.last_success_at_ms)
         last_seen = max((s for s in seen if isinstance(s, int)), default=None)
-        return {
+        out: dict[str, Any] = {
             "peerDid": did,
             "endpoint": doc.get("endpoint", peer.endpoint),
-            "grpcEndpoint": doc.get("grpcEndpoint", ""),
             "agreementIds": list(peer.agreement_ids),
-            "lastSeen": None if last_seen is None else rfc3339_ms(last_seen),
         }
+        if doc.get("grpcEndpoint"):  # optional members are omitted when empty (spec §2)
+            out["grpcEndpoint"] = doc["grpcEndpoint"]
+        if last_seen is not None:
+            out["lastSeen"] = rfc3339_ms(last_seen)
+        return out
 
     async def endpoint_of(self, did: str) -> str:
         """Where to reach a peer: its self-registered endpoint, else the configured one."""
@@ -484,10 +487,11 @@ class Federation:
             result = {
                 "agreementIds": list(peer.agreement_ids),
                 "endpoint": endpoint,
-                "grpcEndpoint": grpc,
                 "lastSeen": rfc3339_ms(registered),
                 "peerDid": principal.did,
             }
+            if grpc:
+                result["grpcEndpoint"] = grpc
             return Change(
                 "peer.updated",
                 None,
