@@ -309,9 +309,11 @@ async def _record(
 ) -> PeerState:
     """Store a pull's outcome when it changes anything durable; the state that now holds."""
     now = deps.clock_ms()
+    # A cursor that only moved over positions without entry versions is not a change worth a
+    # log record: stored, it would move this registry's head, which its peers pull in turn, and
+    # idle peers would write to each other forever. It is stored with the next real change.
     unchanged = (
-        after.cursor == before.cursor
-        and not replicas
+        not replicas
         and not quarantined
         and after.breaker.state == before.breaker.state
         and after.breaker.consecutive_failures == before.breaker.consecutive_failures
@@ -324,7 +326,7 @@ async def _record(
         None,
         {
             "peerDid": after.peer_did,
-            "expectedCursor": before.cursor,
+            "expectedCursor": before.stored_cursor,
             "cursor": after.cursor,
             "status": after.to_stored(),
             "replicas": [r.row() for r in replicas],
@@ -336,5 +338,7 @@ async def _record(
     if outcome.refusal is not None:  # the cursor moved (another leader meanwhile): reload
         log.warning("federation: %s: %s; reloading", after.peer_did, outcome.refusal.message)
         after = peer_state(await deps.store.get_peer(after.peer_did), after.peer_did, deps.policy)
+    else:
+        after = replace(after, stored_cursor=after.cursor)
     deps.handle.states[after.peer_did] = after
     return after

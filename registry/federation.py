@@ -49,6 +49,9 @@ class PeerState:
     head: int | None = None
     breaker: Breaker = field(default_factory=Breaker)
     quarantines: int = 0
+    # The cursor as last stored. A pull that only moves the cursor over log positions without
+    # entry versions (the peer's own bookkeeping) is not stored: it goes with the next change.
+    stored_cursor: int = 0
 
     @property
     def lag(self) -> int:
@@ -73,6 +76,7 @@ class PeerState:
         return cls(
             peer_did=peer_did,
             cursor=cursor,
+            stored_cursor=cursor,
             head=head if isinstance(head, int) and not isinstance(head, bool) else None,
             breaker=Breaker.from_json(status.get("breaker"), policy),
             quarantines=quarantines,

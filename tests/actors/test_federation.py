@@ -978,3 +978,35 @@ async def test_a_reload_starts_and_stops_peer_actors_without_a_restart(
         assert replica is not None
         assert replica.origin_did == second.did
         nursery.cancel_scope.cancel()
+
+
+async def test_a_cursor_moved_only_over_the_peers_bookkeeping_is_not_written_until_a_change(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The peer's head moves over records that are no entry versions (e.g. its own
+    `peer.status` records): the live cursor follows, nothing is written (else idle peers would
+    write to each other forever); the next import stores it, compare-and-set on the cursor as
+    stored."""
+    rig = make_rig()
+    peer = rig.peer
+    peer.entries(1)
+    async with running(rig) as handle:
+        await peer.wait_calls(1)
+        assert len(await peer_records(rig.store)) == 1  # the import of sequence 1
+        peer.serve(head=5)  # four records of the peer's own, no entry version
+        await peer.wait_calls(3)
+        assert live(handle, peer).cursor == 5
+        assert live(handle, peer).lag == 0
+        assert len(await peer_records(rig.store)) == 1
+        stored = await rig.store.get_peer(peer.did)
+        assert stored is not None
+        assert stored.cursor == 1
+        peer.serve(version(peer.publisher, 6, new_did()))
+        await peer.wait_calls(5)
+        records = await peer_records(rig.store)
+        assert len(records) == 2
+        assert records[-1].data["cursor"] == 6
+        stored = await rig.store.get_peer(peer.did)
+        assert stored is not None
+        assert stored.cursor == 6
+        assert peer.asked[:3] == [0, 1, 5]  # from the live cursor, not the stored one
