@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from quart import Response
 from quart_trio import QuartTrio
 
@@ -10,32 +12,29 @@ from api.idempotency import idem_key, respond
 from registry.errors import Invalid, Unauthorized
 
 
+def _envelope(ctx: Ctx) -> Any:
+    """The body as the envelope to verify; no envelope at all is refused like a bad one (401,
+    design §12), not as a malformed request."""
+    try:
+        return ctx.json()
+    except Invalid as exc:
+        raise Unauthorized(
+            f"federation envelope refused: {exc.message}",
+            code="envelope_invalid",
+            details={"reason": "not_json"},
+        ) from None
+
+
 def register(app: QuartTrio) -> None:
     @app.post("/v1/federation/sync")
     @endpoint("write", body_limit="federation_body_bytes")
     async def federation_sync(ctx: Ctx) -> Response:
-        try:
-            envelope = ctx.json()
-        except Invalid as exc:  # no envelope at all: refused like a bad one (design §12)
-            raise Unauthorized(
-                f"federation envelope refused: {exc.message}",
-                code="envelope_invalid",
-                details={"reason": "not_json"},
-            ) from None
-        return json_response(await deps().federation.sync(envelope))
+        return json_response(await deps().federation.sync(_envelope(ctx)))
 
     @app.post("/v1/federation/discover")
     @endpoint("query", body_limit="query_body_bytes")
     async def federation_discover(ctx: Ctx) -> Response:
-        try:
-            envelope = ctx.json()
-        except Invalid as exc:
-            raise Unauthorized(
-                f"federation envelope refused: {exc.message}",
-                code="envelope_invalid",
-                details={"reason": "not_json"},
-            ) from None
-        return json_response(await deps().federation.discover_for_peer(envelope))
+        return json_response(await deps().federation.discover_for_peer(_envelope(ctx)))
 
     @app.post("/v1/discover/federated")
     @endpoint("query", auth="required", body_limit="query_body_bytes")

@@ -28,6 +28,7 @@ from registry.anchoring import STATES as INTENT_STATES
 from registry.did import _B58 as BASE58_ALPHABET
 from registry.did import ED25519_MULTICODEC, b58encode
 from registry.discovery import DiscoverRequest, RegistryQLRequest
+from registry.envelope import MEMBERS as ENVELOPE_MEMBERS
 from registry.models import (
     DATE_TIME_SCHEMA,
     DID_SCHEMA,
@@ -658,19 +659,7 @@ _TRUST_SCHEMAS: dict[str, Any] = {
         grpcEndpoint={"type": "string", "maxLength": 2048},
     ),
     "Envelope": _obj(
-        [
-            "version",
-            "kind",
-            "algorithm",
-            "keyId",
-            "senderDid",
-            "recipientDid",
-            "timestamp",
-            "nonce",
-            "requestDigest",
-            "payload",
-            "signature",
-        ],
+        sorted(ENVELOPE_MEMBERS),
         version={"const": "1"},
         kind={"enum": ["sync_request", "sync_response", "discover_request", "discover_response"]},
         algorithm={"const": "Ed25519"},
