@@ -6,6 +6,7 @@ A did:key Ed25519 DID is `did:key:z` + base58btc(0xed 0x01 ‖ 32-byte public ke
 
 from __future__ import annotations
 
+import functools
 import re
 
 _B58 = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
@@ -51,6 +52,7 @@ def did_key_from_public_key(public_key: bytes) -> str:
     return "did:key:z" + b58encode(ED25519_MULTICODEC + public_key)
 
 
+@functools.lru_cache(maxsize=4096)  # pure; a replica page repeats its publishers' keys
 def public_key_from_did_key(did: str) -> bytes:
     """The raw Ed25519 key of a did:key DID; `ValueError` when it is not one."""
     if not did.startswith("did:key:z") or len(did) > 128:

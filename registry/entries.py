@@ -86,15 +86,36 @@ def check_entry(data: Any) -> CheckedEntry:
         raise Invalid("the entry must be a JSON object", code="entry_invalid")
     model = validate_model(RegistryEntry, data, code="entry_invalid")
     members = canonical.canonical_members(data)
+    verify_publisher(
+        members,
+        publisher_did=model.publisher_did,
+        item_data_hash=model.item_data_hash,
+        key_id=model.signature.key_id,
+        signature_value=model.signature.value,
+    )
+    doc = {k: v for k, v in data.items() if k not in MANAGED_FIELDS}
+    return CheckedEntry(doc=doc, members=members, model=model, based_on=model.sequence)
+
+
+def verify_publisher(
+    members: dict[str, str],
+    *,
+    publisher_did: str,
+    item_data_hash: str,
+    key_id: str,
+    signature_value: str,
+) -> None:
+    """The cryptographic checks of an entry, over the JCS text of its members: `itemDataHash`
+    is SHA-256 of JCS(itemData), the key is an Ed25519 did:key key of `publisherDid`, and the
+    signature verifies over JCS of the publisher payload. `Invalid` says which failed."""
     expected = canonical.sha256_hex(members["itemData"].encode("utf-8"))
-    if model.item_data_hash != expected:
+    if item_data_hash != expected:
         raise Invalid(
             "itemDataHash is not the SHA-256 of JCS(itemData)",
             code="item_data_hash_mismatch",
             details={"field": "itemDataHash", "expected": expected},
         )
-    key_id = model.signature.key_id
-    if controller_of(key_id) != model.publisher_did:
+    if controller_of(key_id) != publisher_did:
         raise Invalid(
             "signature.keyId is not controlled by publisherDid",
             code="signature_key_mismatch",
@@ -108,7 +129,7 @@ def check_entry(data: Any) -> CheckedEntry:
             code="signature_key_invalid",
             details={"field": "signature.keyId"},
         ) from None
-    signature = b64url_decode(model.signature.value) if _is_b64(model.signature.value) else b""
+    signature = b64url_decode(signature_value) if _is_b64(signature_value) else b""
     payload = canonical.join_members(
         {k: v for k, v in members.items() if k not in UNSIGNED_FIELDS}
     ).encode("utf-8")
@@ -118,8 +139,6 @@ def check_entry(data: Any) -> CheckedEntry:
             code="signature_invalid",
             details={"field": "signature.value"},
         )
-    doc = {k: v for k, v in data.items() if k not in MANAGED_FIELDS}
-    return CheckedEntry(doc=doc, members=members, model=model, based_on=model.sequence)
 
 
 def _is_b64(text: str) -> bool:

@@ -26,6 +26,7 @@ an active agreement (403) is the caller's check too.
 from __future__ import annotations
 
 import copy
+import json
 import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -256,8 +257,20 @@ def _expected_kinds(
     return kinds
 
 
-def _check_shape(envelope: Any) -> bytes:
-    """Exactly the members, with their types; returns JCS of the envelope without `signature`."""
+def _signed_bytes_of(raw: bytes, signature: str) -> bytes | None:
+    """The received text without its `signature` member: what the sender signed, if it sent
+    its envelope as JCS (as this registry does). None when the member is not found exactly
+    once; a wrong guess only fails the signature check, which then falls back to JCS."""
+    member = b'"signature":' + json.dumps(signature).encode("ascii")
+    for needle in (b"," + member, member + b","):
+        if raw.count(needle) == 1:
+            return raw.replace(needle, b"", 1)
+    return None
+
+
+def _check_shape(envelope: Any, *, canonical: bool = True) -> bytes:
+    """Exactly the members, with their types; returns JCS of the envelope without `signature`
+    (empty when not `canonical`: the caller has the received bytes to try first)."""
     if not isinstance(envelope, dict):
         raise _fail("envelope_invalid", "not_an_object", "the envelope must be a JSON object")
     missing = sorted(MEMBERS - envelope.keys())
@@ -273,6 +286,12 @@ def _check_shape(envelope: Any) -> bytes:
             raise _fail("envelope_invalid", "wrong_type", f"{name} must be a string", member=name)
     if not isinstance(envelope["payload"], dict):
         raise _fail("envelope_invalid", "wrong_type", "payload must be an object", member="payload")
+    if not canonical:
+        return b""
+    return _unsigned_jcs(envelope)
+
+
+def _unsigned_jcs(envelope: dict[str, Any]) -> bytes:
     unsigned = {k: v for k, v in envelope.items() if k != "signature"}
     try:
         return canonicalize(unsigned)
@@ -303,6 +322,7 @@ def verify_envelope(
     expected_kind: str | set[str] | frozenset[str],
     request: dict[str, Any] | None = None,
     window_seconds: int = WINDOW_SECONDS,
+    raw: bytes | None = None,
 ) -> VerifiedEnvelope:
     """Verify a received envelope addressed to `recipient_did` (us) at `now_ms`.
 
@@ -317,11 +337,16 @@ def verify_envelope(
     envelope_from_future], nonce [envelope_nonce_invalid], requestDigest
     [envelope_digest_mismatch], signature [envelope_signature_invalid].
 
+    `raw`: the bytes `envelope` was parsed from (exactly those: the caller's promise, as the
+    verdict then rests on them). The signature is then checked over them minus
+    the `signature` member first (no re-serialisation of a large payload when the sender sent
+    JCS), and over JCS of the envelope only if that fails: the same verdict, cheaper.
+
     The nonce is NOT checked for reuse here: single use is the nonce store's job (see
     `nonce_expiry_ms`). Replaying an envelope verbatim passes this function.
     """
     kinds = _expected_kinds(expected_kind, request)
-    unsigned_bytes = _check_shape(envelope)
+    unsigned_bytes = _check_shape(envelope, canonical=raw is None)
     env: dict[str, Any] = envelope
 
     if env["version"] != VERSION:
@@ -417,6 +442,12 @@ def verify_envelope(
         raise _fail(
             "envelope_signature_invalid", "signature_not_base64url", "signature is not base64url"
         ) from None
+    if len(signature) == 64 and raw is not None:
+        received = _signed_bytes_of(raw, env["signature"])
+        if received is None or not verify(public_key, received, signature):
+            unsigned_bytes = _unsigned_jcs(env)
+        else:
+            unsigned_bytes = received
     if len(signature) != 64 or not verify(public_key, unsigned_bytes, signature):
         raise _fail("envelope_signature_invalid", "signature_mismatch", "signature does not verify")
 

@@ -25,9 +25,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Final, TypeGuard
 
 from registry.breaker import Breaker, BreakerPolicy
-from registry.canonical import canonicalize
+from registry.canonical import canonical_members, canonicalize, join_members
 from registry.changes import rfc3339_ms
-from registry.entries import check_entry, lifecycle_of
+from registry.did import is_did
+from registry.entries import verify_publisher
 from registry.errors import Invalid, RegistryError
 from registry.models import parse_datetime
 from registry.query import OrderKey
@@ -155,6 +156,7 @@ def read_sync_response(payload: dict[str, Any], from_sequence: int) -> SyncAnswe
 # --- verifying what a peer serves ---------------------------------------------------------------
 
 TOMBSTONE_MEMBERS: Final = frozenset({"deletedAt", "entryDid", "lifecycleStatus", "sequence"})
+LIFECYCLES: Final = frozenset({"draft", "active", "deprecated", "revoked"})
 
 
 @dataclass(frozen=True)
@@ -192,13 +194,18 @@ class Quarantined:
 
 
 def check_replica(entry: dict[str, Any]) -> Replica:
-    """A served entry version, verified as a publisher would be: `Invalid` says why not.
+    """A served entry version, verified: `Invalid` says why not.
 
-    An origin's tombstone (`{deletedAt, entryDid, lifecycleStatus: "deleted", sequence}`) carries
-    no publisher signature; it is taken on the origin's signed word (the envelope)."""
+    What the issue asks of every synced entry, the hash of `itemData` and the publisher's
+    signature (`registry.entries.verify_publisher`, as for a publisher's own write), with the
+    members those checks and serving need, typed. The rest of the document is the origin's word,
+    signed by the publisher: it is not validated field by field again (that is ~40 µs of the
+    ~200 µs an entry costs). An origin's tombstone (`{deletedAt, entryDid, lifecycleStatus:
+    "deleted", sequence}`) carries no publisher signature; it is taken on the origin's signed
+    word (the envelope)."""
     seq = entry["sequence"]
-    doc = canonicalize(entry).decode("utf-8")
     if entry.get("lifecycleStatus") == "deleted" and set(entry) == TOMBSTONE_MEMBERS:
+        doc = canonicalize(entry).decode("utf-8")
         did = entry.get("entryDid")
         if (
             not isinstance(did, str)
@@ -207,8 +214,34 @@ def check_replica(entry: dict[str, Any]) -> Replica:
         ):
             raise Invalid("a tombstone needs entryDid and deletedAt", code="tombstone_invalid")
         return Replica(seq, did, "deleted", doc)
-    checked = check_entry(entry)
-    return Replica(seq, checked.did, lifecycle_of(checked.doc), doc)
+    did, publisher = entry.get("entryDid"), entry.get("publisherDid")
+    signature, item_hash = entry.get("signature"), entry.get("itemDataHash")
+    lifecycle = entry.get("lifecycleStatus", "draft")
+    if (
+        not isinstance(did, str)
+        or not is_did(did)
+        or not isinstance(publisher, str)
+        or not isinstance(item_hash, str)
+        or "itemData" not in entry
+        or not isinstance(signature, dict)
+        or not isinstance(signature.get("keyId"), str)
+        or not isinstance(signature.get("value"), str)
+        or lifecycle not in LIFECYCLES
+    ):
+        raise Invalid(
+            "a served entry needs entryDid, publisherDid, itemData, itemDataHash, a signature"
+            " {keyId, value} and a known lifecycleStatus",
+            code="entry_invalid",
+        )
+    members = canonical_members(entry)
+    verify_publisher(
+        members,
+        publisher_did=publisher,
+        item_data_hash=item_hash,
+        key_id=signature["keyId"],
+        signature_value=signature["value"],
+    )
+    return Replica(seq, did, lifecycle, join_members(members))
 
 
 def sort_entries(

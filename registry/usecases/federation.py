@@ -326,6 +326,7 @@ class Federation:
             now_ms=self.clock_ms(),
             expected_kind="discover_response",
             request=request,
+            raw=raw,
         )
         payload = verified.payload
         entries, more, total = (

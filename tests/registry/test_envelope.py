@@ -675,3 +675,30 @@ def test_sync_request_payload(payload: Any, reason: str | None) -> None:
 def test_clamp_max_entries(n: int, maximum: int, clamped: int) -> None:
     assert clamp_max_entries(n, maximum) == clamped
     assert clamp_max_entries(5000) == 1000
+
+
+# --- verifying over the bytes received ----------------------------------------------------------
+
+
+def test_the_received_jcs_bytes_verify_without_re_serialising_and_tampering_still_fails() -> None:
+    from registry.envelope import build_response_text
+
+    req = request()
+    text = build_response_text(
+        BOB,
+        request=req,
+        kind="sync_response",
+        payload_jcs=canonicalize(ANSWER).decode(),
+        now_ms=NOW,
+    )
+    raw = text.encode()
+    env = json.loads(raw)
+    assert verify_response(env, req, raw=raw).payload == ANSWER
+    # Pretty-printed (not JCS): the received bytes do not verify, JCS of the envelope does.
+    pretty = json.dumps(env, indent=2).encode()
+    assert verify_response(json.loads(pretty), req, raw=pretty).payload == ANSWER
+    # A changed payload, in the bytes and the parsed body alike: refused on both paths.
+    forged = raw.replace(b'"hasMore":true', b'"hasMore":false')
+    assert forged != raw
+    error = refused(verify_response, json.loads(forged), req, raw=forged)
+    assert error.code == "envelope_signature_invalid"
