@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, Protocol
 
@@ -37,10 +38,10 @@ from registry.canonical import parse_strict
 from registry.changes import LogRecord
 from registry.config import EventsConfig
 from registry.errors import Invalid, RegistryError
-from registry.events import AuthMessage, Filter, SubscribeRequest
+from registry.events import ADMIN_KINDS, AuthMessage, Filter, SubscribeRequest
 from registry.models import validate_model
 from registry.ratelimit import Bucket, Rate, take
-from registry.usecases.common import Principal
+from registry.usecases.common import Principal, now_ms
 from registry.usecases.sessions import Sessions
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,7 @@ class EventDeps:
     config: EventsConfig
     stopping: trio.Event = field(default_factory=trio.Event)  # set when the server stops
     connections: int = 0
+    clock_ms: Callable[[], int] = now_ms  # wall time, against which sessions expire
 
 
 class _Closed(Exception):
@@ -84,6 +86,7 @@ class Connection:
     sock: Socket
     deps: EventDeps
     principal: Principal | None = None
+    revoked: bool = False  # the principal's session was revoked since it authenticated
     position: int | None = None  # every record up to here was sent or filtered out
     _send_lock: trio.Lock = field(default_factory=trio.Lock)
     _forwarder: trio.CancelScope | None = None
@@ -207,6 +210,7 @@ class Connection:
 
     async def _authenticate(self, message: AuthMessage) -> None:
         self.principal = await self.deps.sessions.authenticate(message.token)
+        self.revoked = False
         await self.send_json(
             {"type": "authenticated", "principal": self.principal.did, "admin": self.admin}
         )
@@ -277,7 +281,10 @@ class Connection:
                     if batch:
                         await self._send_batch(subscription, admits, record)
                         continue
+                    self._note_revocation(record)
                     if record.public and admits.admits(record):
+                        if record.kind in ADMIN_KINDS and not self._still_admin():
+                            await self._close_lapsed()
                         await self.send(record.event_json)
                     self.position = record.seq
         except Lagged:
@@ -287,6 +294,32 @@ class Connection:
             log.warning("event subscription cannot follow the log", exc_info=True)
             await self.close(CLOSE_INTERNAL, self._resume_reason("unavailable"))
 
+    # --- admin-only kinds follow the session that allowed them ----------------------------
+
+    def _note_revocation(self, record: LogRecord) -> None:
+        """The log carries every logout (`session.revoked`, internal): this socket's own ends
+        its admin-only events, in every process, in log order."""
+        if (
+            record.kind == "session.revoked"
+            and self.principal is not None
+            and record.data.get("tokenHash") == self.principal.token_hash.hex()
+        ):
+            self.revoked = True
+
+    def _still_admin(self) -> bool:
+        principal = self.principal
+        return (
+            principal is not None
+            and principal.admin
+            and not self.revoked
+            and principal.session.expires_at_ms > self.deps.clock_ms()
+        )
+
+    async def _close_lapsed(self) -> NoReturn:
+        """An admin-only event is next, but the session that allowed it has expired or been
+        revoked: close with 4401 and the resume point (sign in again, resume from there)."""
+        await self.close(CLOSE_UNAUTHORIZED, self._resume_reason("session_invalid"))
+
     async def _send_batch(
         self, subscription: Subscription, admits: Filter, first: LogRecord
     ) -> None:
@@ -294,10 +327,18 @@ class Connection:
         records = [first]
         while len(records) < MAX_BATCH and subscription.ready():
             records.append(await subscription.receive())
-        events = [r.event_json for r in records if r.public and admits.admits(r)]
+        events: list[str] = []
+        for r in records:
+            self._note_revocation(r)
+            if r.public and admits.admits(r):
+                if r.kind in ADMIN_KINDS and not self._still_admin():
+                    if events:
+                        await self.send('{"type":"events","events":[' + ",".join(events) + "]}")
+                    await self._close_lapsed()
+                events.append(r.event_json)
+            self.position = r.seq
         if events:
             await self.send('{"type":"events","events":[' + ",".join(events) + "]}")
-        self.position = records[-1].seq
 
 
 MAX_BATCH = 256  # records in one batched frame

@@ -578,3 +578,63 @@ async def test_a_flood_of_client_messages_is_closed_with_4429(
             await client.sock.put({"type": "ping"})
             assert (await client.sock.get())["type"] in ("pong", "heartbeat")
         assert client.sock.close_frame is None
+
+
+# --- admin-only kinds follow the session ------------------------------------------------------
+
+
+def peer_status(peer: str = "did:key:z6MkPeer") -> Change:
+    return Change(
+        "peer.status",
+        None,
+        {
+            "peerDid": peer,
+            "expectedCursor": 0,
+            "cursor": 0,
+            "status": {"breaker": None, "head": None},
+            "replicas": [],
+            "quarantined": [],
+        },
+        {"peerDid": peer},
+    )
+
+
+async def test_admin_only_events_stop_with_4401_once_the_admin_session_is_revoked(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A logout is in the log (internal `session.revoked`): the next admin-only event closes
+    the socket with 4401 and the resume point, in log order, in whichever process serves it."""
+    async with open_events() as events:
+        admin = StubSessions.TOKENS["admin-token"]
+        await events.store.put_challenge("n", {}, 2**62)
+        assert await events.store.open_session("n", admin.token_hash, admin.session)
+        client = events.connect()
+        await client.sock.put({"type": "auth", "token": "admin-token"})
+        assert (await client.sock.get())["admin"] is True
+        assert await client.subscribe(kinds=["peer.status"], fromSequence=0) == 0
+        await events.store.append([(peer_status(), None)])
+        assert await client.events(1) == [1]
+        revoke = {"tokenHash": admin.token_hash.hex()}
+        await events.store.append([(Change("session.revoked", None, revoke, revoke), None)])
+        await events.store.append([(peer_status(), None)])
+        await trio.testing.wait_all_tasks_blocked()
+        assert client.sock.close_frame is not None
+        assert client.sock.close_frame[0] == 4401
+        assert client.sock.pending() == []  # the event after the logout was not sent
+        assert reason(client) == {"code": "session_invalid", "lastSequence": 2}
+
+
+async def test_admin_only_events_stop_with_4401_once_the_admin_session_has_expired(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with open_events() as events:
+        client = events.connect()
+        await client.sock.put({"type": "auth", "token": "admin-token"})
+        assert (await client.sock.get())["admin"] is True
+        assert await client.subscribe(kinds=["peer.status"], fromSequence=0) == 0
+        await events.store.append([(peer_status(), None)])
+        assert await client.events(1) == [1]
+        events.deps.clock_ms = lambda: 2**62  # the session's expiry
+        await events.store.append([(peer_status(), None)])
+        await trio.testing.wait_all_tasks_blocked()
+        assert reason(client) == {"code": "session_invalid", "lastSequence": 1}
