@@ -12,8 +12,9 @@ numbers — except:
 3. Shortening. A word glued to `…` (`z6MkfQY8…`, `dd6039f5…09c0`) stands for one value of
    word characters `[A-Za-z0-9_-]+`: a shortened DID, hash or signature.
 4. Values that differ from run to run (VARIABLES below), in the places named there: request
-   ids, session tokens, times, rate-limit counters, process and user ids, random record ids,
-   discovery cursors, and key material of keys made at random. DIDs and public keys of the
+   ids, session tokens, times, measured latencies, rate-limit counters, process and user ids,
+   random record ids, discovery cursors, federation envelopes' nonces and the digests of
+   request envelopes, and key material of keys made at random. DIDs and public keys of the
    fixed seeds the examples use (KNOWN) are literal; signature values are literal unless the
    example shows a key made at random (a signature by a fixed key over fixed bytes is fixed).
 
@@ -79,6 +80,8 @@ VARIABLES = (
     _v("http-date", rf"Expires=(?P<v>{HTTP_DATE})", HTTP_DATE),
     _v("time", r"\(until (?P<v>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)\)", r"[\dT:-]{19}Z"),
     _v("ms", r'"(?:expiresAtMs|sessionExpiresAtMs|savedAtMs)":\s*(?P<v>\d{13})', r"\d{13}"),
+    # Measured durations: a peer's average pull latency (the admin view of federation peers).
+    _v("latency", r'"latencyMs":\s*(?P<v>\d+)', r"\d+"),
     # Rate-limit counters: the buckets refill continuously, so what is left depends on timing.
     _v("ratelimit", r"^(?:< )?ratelimit-(?:remaining|reset): (?P<v>\d+)$", r"\d+"),
     _v("retry", r'"retryAfterSeconds":\s*(?P<v>\d+(?:\.\d+)?)', r"\d+(?:\.\d+)?"),
@@ -89,6 +92,16 @@ VARIABLES = (
     # Discovery cursors: authenticated with the registry's own key (the versions cursor, a
     # sequence, is literal).
     _v("cursor", rf'"cursor":\s*"(?P<v>{WORD}{{20,}})"', f"{WORD}{{20,}}"),
+    # Federation envelopes: the nonce (16 random bytes, base64url), and a response's
+    # `requestDigest`, the digest of the request envelope it answers, which holds a nonce, a
+    # time and a signature (its story checks that binding). A request's `requestDigest`, of its
+    # payload, is literal. The response's `kind` comes before it (JCS orders the members).
+    _v("nonce", rf'"nonce":\s*"(?P<v>{WORD}{{22}})"', f"{WORD}{{22}}"),
+    _v(
+        "digest",
+        r'"kind":\s*"(?:sync|discover)_response",.*?"requestDigest":\s*"(?P<v>[0-9a-f]{64})"',
+        "[0-9a-f]{64}",
+    ),
     # Keys made at random: did:key multibase keys, raw public keys, key-file seeds.
     _v(
         "key",
@@ -99,8 +112,9 @@ VARIABLES = (
     _v("key", rf'"signerPublicKey":\s*"(?P<v>{B58}{{43,44}})"', f"{B58}{{43,44}}", key=True),
     _v("key", rf'"seed":\s*"(?P<v>{WORD}{{43}})"', f"{WORD}{{43}}", key=True),
 )
-# Ed25519 signature values: literal unless the example shows a key made at random.
-SIGNATURE = _v("signature", rf'"value":\s*"(?P<v>{WORD}{{86}})"', f"{WORD}{{86}}")
+# Ed25519 signature values (of an entry's or credential's proof, of a federation envelope):
+# literal unless the example shows a key made at random.
+SIGNATURE = _v("signature", rf'"(?:value|signature)":\s*"(?P<v>{WORD}{{86}})"', f"{WORD}{{86}}")
 SHORTENED = _v("shortened", rf"(?P<v>{WORD}+{ELLIPSIS}{WORD}*)", f"{WORD}+")
 
 

@@ -5,6 +5,7 @@ them. Nothing here sleeps: every wait is on a process, a pipe or a socket, with 
 from __future__ import annotations
 
 import asyncio
+import http.server
 import os
 import queue
 import secrets
@@ -16,15 +17,19 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import httpx
 
 from tests.db.proc import free_port
+
+T = TypeVar("T")
 
 DEADLINE = 60.0  # seconds for any one command, server start or wait
 
@@ -117,6 +122,22 @@ def registry(
         args = ["--port", str(free_port()), "--data-dir", str(data_dir), "--database-url", url]
         with serving(args, server_environ(env), data_dir) as server:
             yield server
+
+
+@contextmanager
+def together(*managers: AbstractContextManager[T]) -> Iterator[list[T]]:
+    """Enter the context managers at once, each on a thread of its own (registries that are
+    each other's peers start side by side), and leave them at once."""
+    with ThreadPoolExecutor(len(managers)) as pool:
+        futures = [pool.submit(manager.__enter__) for manager in managers]
+    entered = [m for m, f in zip(managers, futures, strict=True) if f.exception() is None]
+    try:
+        yield [future.result() for future in futures]
+    finally:
+        if entered:
+            with ThreadPoolExecutor(len(entered)) as pool:
+                for done in [pool.submit(m.__exit__, None, None, None) for m in entered]:
+                    done.result()
 
 
 # --- HTTP ----------------------------------------------------------------------------------------
@@ -313,6 +334,94 @@ class Transcript:
             if command in self.after:
                 self.after[command]()
         return self.aliases.documented("\n".join(out))
+
+
+# --- relays --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Relayed:
+    """One request a relay passed on, and the answer it passed back."""
+
+    path: str
+    body: bytes
+    status: int
+    answer: bytes
+
+
+class Relay:
+    """An HTTP relay on loopback that passes POST requests on to `target` (set once the target
+    serves) and records each exchange. It holds requests until `open` is called, so that a
+    registry configured with the relay as its peer's endpoint can start before its peer."""
+
+    def __init__(self) -> None:
+        self.target = ""
+        self.exchanges: list[Relayed] = []
+        self._opened = threading.Event()
+        self._changed = threading.Condition()
+        relay = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                if not relay._opened.wait(DEADLINE) or not relay.target:
+                    self.send_error(503)
+                    return
+                headers = {"Content-Type": self.headers.get("Content-Type", "")}
+                try:
+                    answer = httpx.post(
+                        relay.target + self.path, content=body, headers=headers, timeout=DEADLINE
+                    )
+                except httpx.HTTPError:
+                    self.send_error(502)
+                    return
+                with relay._changed:
+                    relay.exchanges.append(
+                        Relayed(self.path, body, answer.status_code, answer.content)
+                    )
+                    relay._changed.notify_all()
+                self.send_response(answer.status_code)
+                for name in ("Content-Type", "Retry-After"):
+                    if name in answer.headers:
+                        self.send_header(name, answer.headers[name])
+                self.send_header("Content-Length", str(len(answer.content)))
+                self.end_headers()
+                self.wfile.write(answer.content)
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def open(self, target: str) -> None:
+        self.target = target
+        self._opened.set()
+
+    def until(self, found: Callable[[Relayed], bool]) -> Relayed:
+        """The first exchange recorded for which `found` holds (waited for)."""
+        end = time.monotonic() + DEADLINE
+        with self._changed:
+            while True:
+                for relayed in self.exchanges:
+                    if found(relayed):
+                        return relayed
+                left = end - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"no such exchange in {DEADLINE} s: {self.exchanges}")
+                self._changed.wait(left)
+
+    @contextmanager
+    def running(self) -> Iterator[Relay]:
+        thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True)
+        thread.start()
+        try:
+            yield self
+        finally:
+            self._opened.set()  # held requests fail fast rather than keep the shutdown waiting
+            self._server.shutdown()
+            self._server.server_close()
 
 
 # --- sockets -------------------------------------------------------------------------------------

@@ -16,7 +16,8 @@ The stories, and the pages whose examples they produce:
   errors.md's 429;
 - `config`, `embedded`: configuration.md (invalid configurations and precedence; the embedded
   PostgreSQL's start, a second `serve`, the shutdown);
-- `app`: the in-process app: errors.md's 500 and signin.md's 502.
+- `app`: the in-process app: errors.md's 500 and signin.md's 502;
+- `federation`: federation.md (two peered registries).
 
 `<!-- example: python output -->` (the output of the page's script above it) and `python
 same-output` are run by the test itself (test_examples.py).
@@ -43,6 +44,7 @@ from typing import Any
 import httpx
 
 from registry.entries import sign_entry
+from registry.envelope import response_digest
 from registry.keys import SigningKey, write_key_file
 from registry.signin import build_response
 from registry.trust import sign_offer
@@ -54,6 +56,8 @@ from tests.docs.running import (
     DEADLINE,
     Aliases,
     Databases,
+    Relay,
+    Relayed,
     Sandbox,
     Transcript,
     commands,
@@ -62,6 +66,7 @@ from tests.docs.running import (
     registry,
     request_lines,
     serving,
+    together,
 )
 
 Outputs = dict[str, str]
@@ -788,4 +793,97 @@ def story_app(ctx: Context) -> Outputs:
     trio.run(failure)
     with failing_resolver() as url:
         trio.run(lookup, url)
+    return out
+
+
+# --- federation.md ------------------------------------------------------------------------------
+
+SYNC_PATH = "/v1/federation/sync"
+
+
+def _sync_from(relayed: Relayed, sequence: int) -> bool:
+    """A sync request (to the relay's peer) for what follows `sequence` or more."""
+    if relayed.path != SYNC_PATH:
+        return False
+    return int(json.loads(relayed.body)["payload"]["fromSequence"]) >= sequence
+
+
+@story
+def story_federation(ctx: Context) -> Outputs:
+    """federation.md: registries A and B, each with a key made at random and the other as its
+    peer (`sync` and `discover`, agreement `default`, pulling every 0.2 s), default page size;
+    B's admin is a third key. Each reaches its peer through a relay in this process
+    (tests/docs/running.py) that records the exchanges and holds them until both serve (the
+    request timeout outlasts that): no first pull fails (a failure is a status change, a record
+    in the puller's log), so the log heads are the documented ones. A's first sync request to B
+    and B's answer, as relayed; the same request sent to B again; one entry published on A and,
+    once B has stored it (B asks A for what follows it), B's admin view of its peers and a
+    federated query on B (`*`)."""
+    a_key, b_key, admin, publisher = (SigningKey.generate() for _ in range(4))
+    to_a, to_b = Relay(), Relay()
+
+    def env(name: str, key: SigningKey, peer: SigningKey, relay: Relay) -> dict[str, str]:
+        key_file = ctx.tmp / f"{name}.key"
+        write_key_file(key_file, key)
+        peers = [
+            {
+                "peer_did": peer.did,
+                "endpoint": relay.url,
+                "agreement_ids": ["default"],
+                "kinds": ["sync", "discover"],
+            }
+        ]
+        return {
+            "REGISTRY_SERVER__KEY_FILE": str(key_file),
+            "REGISTRY_FEDERATION__PEERS": json.dumps(peers),
+            "REGISTRY_FEDERATION__POLL_SECONDS": "0.2",
+            "REGISTRY_AUTH__ADMIN_DIDS": json.dumps([admin.did]),
+            # A first request held by the relay while the peer starts must not time out.
+            "REGISTRY_FEDERATION__REQUEST_TIMEOUT_SECONDS": str(DEADLINE),
+            # A peer polling every 0.2 s would keep it in its graceful shutdown (10 s).
+            "REGISTRY_SERVER__GRACEFUL_TIMEOUT_SECONDS": "1",
+        }
+
+    out: Outputs = {}
+    with ExitStack() as stack:
+        stack.enter_context(to_a.running())
+        stack.enter_context(to_b.running())
+        a, b = stack.enter_context(
+            together(
+                registry(
+                    ctx.databases, "federation-a", ctx.tmp / "a", env("a", a_key, b_key, to_b)
+                ),
+                registry(
+                    ctx.databases, "federation-b", ctx.tmp / "b", env("b", b_key, a_key, to_a)
+                ),
+            )
+        )
+        to_a.open(a.url)
+        to_b.open(b.url)
+
+        first = to_b.until(lambda relayed: _sync_from(relayed, 0))
+        request = json.loads(first.body)
+        assert first.status == 200, first.answer
+        assert json.loads(first.answer)["requestDigest"] == response_digest(request)
+        out["sync-request"] = first.body.decode()
+        out["sync-response"] = first.answer.decode()
+        with httpx.Client(timeout=DEADLINE) as http:
+            again = http.post(
+                b.url + SYNC_PATH, content=first.body, headers={"Content-Type": "application/json"}
+            )
+        out["nonce-replayed"] = again.text
+
+        with httpx.Client(base_url=a.url, timeout=DEADLINE) as http:
+            entry = {**WORKED_ENTRY, "entryDid": "did:example:agent-7"}
+            sequence = publish(http, sign_in(http, publisher), entry, publisher)["sequence"]
+        to_a.until(lambda relayed: _sync_from(relayed, sequence))
+
+        with httpx.Client(base_url=b.url, timeout=DEADLINE) as http:
+            auth = {"Authorization": f"Bearer {sign_in(http, admin)}"}
+            status = http.get("/v1/admin/federation/peers", headers=auth)
+            assert status.status_code == 200, status.text
+            out["peer-status"] = status.text
+            found = http.post("/v1/discover/federated", json={"entryType": "*"}, headers=auth)
+            assert found.status_code == 200, found.text
+            out["federated"] = found.text
     return out
