@@ -62,7 +62,7 @@ __all__ = ["HANDLERS", "MemoryStore", "MemoryWakeups"]
 K = TypeVar("K")
 V = TypeVar("V")
 
-MODELLED_SCHEMA = 12  # the migration whose semantics this fake follows
+MODELLED_SCHEMA = 13  # the migration whose semantics this fake follows
 IDEMPOTENCY_TTL_MS = 24 * 3600 * 1000  # an idempotency record answers for 24 hours
 SESSION_GRACE_MS = 24 * 3600 * 1000  # expired sessions are purged a day later
 CHALLENGE_GRACE_MS = 3600 * 1000  # put_challenge collects challenges expired an hour ago

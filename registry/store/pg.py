@@ -441,8 +441,8 @@ class PgStore:
     async def anchor_pending(self, available_at_ms: int) -> bool:
         return bool(
             await self._pool.fetchval(
-                "SELECT EXISTS (SELECT 1 FROM anchor_intents WHERE state = 'pending'"
-                " AND available_at <= to_timestamp($1 / 1000.0))",
+                "SELECT EXISTS (SELECT 1 FROM anchor_queue"
+                " WHERE available_at <= to_timestamp($1 / 1000.0))",
                 available_at_ms,
             )
         )
