@@ -245,17 +245,32 @@ class _Supervisor:
                 pending=list(s.pending), failed=list(s.failed), availableAtMs=s.available_at_ms
             )
             states = {**dict.fromkeys(s.pending, "pending"), **dict.fromkeys(s.failed, "failed")}
-        for m in live:
-            state = states[m.intent_id]
-            event: dict[str, object] = {
-                "intentId": m.intent_id,
-                "sequence": m.sequence,
-                "state": state,
-                "anchorState": entry_state(state),
-            }
-            if s.outcome == "confirmed":
-                event["blockHeight"] = s.block_height
-            also.append(Also("anchor.updated", m.entry_did, event))
+        if s.outcome == "confirmed":  # the common case, 100,000 at a time: one shape
+            anchored, height = entry_state("confirmed"), s.block_height
+            also = [
+                Also(
+                    "anchor.updated",
+                    m.entry_did,
+                    {
+                        "intentId": m.intent_id,
+                        "sequence": m.sequence,
+                        "state": "confirmed",
+                        "anchorState": anchored,
+                        "blockHeight": height,
+                    },
+                )
+                for m in live
+            ]
+        else:
+            for m in live:
+                state = states[m.intent_id]
+                event: dict[str, object] = {
+                    "intentId": m.intent_id,
+                    "sequence": m.sequence,
+                    "state": state,
+                    "anchorState": entry_state(state),
+                }
+                also.append(Also("anchor.updated", m.entry_did, event))
         return Change(
             "anchor.settled",
             None,
