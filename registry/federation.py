@@ -19,6 +19,7 @@ peer's log position imported up to, inclusive), the peer's `head` at the last an
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -302,12 +303,13 @@ class SourcePage:
 
 
 def _time_key(value: Any) -> float:
+    """A time as PostgreSQL orders it in discovery: a missing one (NULL) after every time."""
     if not isinstance(value, str):
-        return float("-inf")
+        return float("inf")
     try:
         return parse_datetime(value).timestamp()
     except ValueError:
-        return float("-inf")
+        return float("inf")
 
 
 def merge_key(order: OrderKey, doc: dict[str, Any], rank: int, origin: str) -> tuple[Any, ...]:
@@ -316,9 +318,21 @@ def merge_key(order: OrderKey, doc: dict[str, Any], rank: int, origin: str) -> t
     did = str(doc.get("entryDid", ""))
     if order.field in RANKED_FIELDS:
         return (rank, did, origin)
-    if order.field == "name":
-        return (str(doc.get("name", "")), did, origin)
+    if order.field == "name":  # byte order (COLLATE "C"); a missing name (NULL) last
+        name = doc.get("name")
+        return ((0, name) if isinstance(name, str) else (1, ""), did, origin)
     return (_time_key(doc.get(order.field)), did, origin)
+
+
+def in_merge_order(order: OrderKey, page: SourcePage) -> bool:
+    """Whether a source's page is in the merge order (a peer that sorts otherwise would make
+    the prefix rule of `merge_pages` show nothing of it, page after page)."""
+    keys = [
+        merge_key(order, json.loads(text), page.offset + rank, page.origin)
+        for rank, text in enumerate(page.entries)
+    ]
+    descending = order.descending and order.field not in RANKED_FIELDS
+    return all((b <= a) if descending else (a <= b) for a, b in itertools.pairwise(keys))
 
 
 def merge_pages(

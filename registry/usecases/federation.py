@@ -51,10 +51,11 @@ from registry.federation import (
     PeerState,
     SourcePage,
     check_replica,
+    in_merge_order,
     merge_pages,
 )
 from registry.keys import SigningKey
-from registry.query import MAX_OFFSET, effective_order
+from registry.query import MAX_OFFSET, OrderKey, effective_order
 from registry.store import PeerRow, Store
 from registry.usecases.common import Principal, now_ms, page_size
 from registry.usecases.records import body_object, put
@@ -263,7 +264,7 @@ class Federation:
         async def ask(did: str) -> None:
             try:
                 answers[did] = await self._ask_peer(
-                    did, {**base, "offset": offsets.get(did, 0), "limit": limit}
+                    did, {**base, "offset": offsets.get(did, 0), "limit": limit}, order
                 )
             except Exception as exc:  # any failure of a peer is its part missing, never a 5xx
                 log.info("federated discovery: %s failed: %s", did, exc)
@@ -305,7 +306,7 @@ class Federation:
             body["cursor"] = canonicalize(cursor).decode("utf-8")
         return join_members(body)
 
-    async def _ask_peer(self, did: str, query: dict[str, Any]) -> SourcePage:
+    async def _ask_peer(self, did: str, query: dict[str, Any], order: OrderKey) -> SourcePage:
         assert self.call is not None
         request = build_request(
             self.key,
@@ -348,7 +349,10 @@ class Federation:
                 raise PeerRefused("an entry of the discover response is malformed")
             replica = check_replica(entry)  # Invalid: the peer served an entry that fails
             texts.append(replica.doc)
-        return SourcePage(did, tuple(texts), more, max(total, 0), int(query.get("offset", 0)))
+        page = SourcePage(did, tuple(texts), more, max(total, 0), int(query.get("offset", 0)))
+        if not in_merge_order(order, page):
+            raise PeerRefused("the peer's page is not in the query's order")
+        return page
 
     def _encode_cursor(self, fingerprint: str, offsets: dict[str, int], dropped: set[str]) -> str:
         body = json.dumps(

@@ -123,3 +123,22 @@ def test_a_source_whose_order_disagrees_is_consumed_only_as_a_prefix() -> None:
     shown, consumed = merge_pages(order, [odd], 1)
     assert consumed == {"did:key:odd": 0}
     assert shown == []
+
+
+def test_a_page_out_of_the_merge_order_is_detected_and_missing_times_sort_as_postgresql() -> None:
+    from registry.federation import in_merge_order
+
+    order = OrderKey("publishedAt", True)
+    # Descending, as PostgreSQL sorts it: an entry without publishedAt (NULL) comes first.
+    sorted_page = page(
+        "did:key:p",
+        [
+            doc("did:x:0"),
+            doc("did:x:2", published="2026-02-01T00:00:00Z"),
+            doc("did:x:1", published="2026-01-01T00:00:00Z"),
+        ],
+    )
+    assert in_merge_order(order, sorted_page)
+    shuffled = page("did:key:p", list(reversed([json.loads(t) for t in sorted_page.entries])))
+    assert not in_merge_order(order, shuffled)
+    assert in_merge_order(OrderKey("relevance", True), shuffled)  # ranks: any order is its own
