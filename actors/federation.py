@@ -362,7 +362,7 @@ async def _pull(deps: PeerDeps, did: str, request: dict[str, object], cursor: in
             raw=got.body,
         )
         return read_sync_response(verified.payload, cursor)
-    except (ValueError, RegistryError, SyncAnswerInvalid) as exc:
+    except (ValueError, RecursionError, RegistryError, SyncAnswerInvalid) as exc:
         raise _Failed(f"bad answer: {exc}") from None
 
 

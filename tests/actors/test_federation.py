@@ -480,6 +480,7 @@ async def test_a_forged_entry_is_quarantined_and_the_rest_of_the_page_imported(
         "stale",
         "out_of_order",
         pytest.param(PeerAnswer(200, b"<html>"), id="not_json"),
+        pytest.param(PeerAnswer(200, b"[" * 200_000 + b"]" * 200_000), id="nested_too_deep"),
     ],
 )
 async def test_an_answer_that_fails_a_check_imports_nothing_and_is_one_failure(
