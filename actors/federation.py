@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import re
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, replace
 from functools import partial
@@ -99,7 +100,11 @@ class HttpTransport:
     async def post(self, url: str, body: bytes) -> PeerAnswer:
         try:
             async with self.client.stream(
-                "POST", url, content=body, headers={"Content-Type": "application/json"}
+                "POST",
+                url,
+                content=body,
+                # No compression: the size cap applies to what arrives, not to what it inflates to.
+                headers={"Content-Type": "application/json", "Accept-Encoding": "identity"},
             ) as response:
                 chunks: list[bytes] = []
                 size = 0
@@ -111,7 +116,9 @@ class HttpTransport:
                 return PeerAnswer(
                     response.status_code, b"".join(chunks), _retry_after(response.headers)
                 )
-        except httpx.HTTPError as exc:
+        except PeerUnreachable:
+            raise
+        except Exception as exc:  # any failure to get an answer (HTTP, a URL httpx refuses, …)
             raise PeerUnreachable(f"{type(exc).__name__}: {exc}") from None
 
     async def call(self, url: str, body: bytes) -> tuple[int, bytes]:
@@ -121,8 +128,9 @@ class HttpTransport:
 
 
 def _retry_after(headers: httpx.Headers) -> float | None:
+    """Delay-seconds only (ASCII digits: `"²".isdigit()` is true, and `float` refuses it)."""
     value = headers.get("Retry-After", "")
-    return float(value) if value.isdigit() else None
+    return float(value) if re.fullmatch(r"[0-9]{1,9}", value) else None
 
 
 # --- the handle ------------------------------------------------------------------------------
@@ -405,6 +413,9 @@ async def _record(
         log.warning("federation: %s: %s; reloading", after.peer_did, outcome.refusal.message)
         after = peer_state(await deps.store.get_peer(after.peer_did), after.peer_did, deps.policy)
     else:
-        after = replace(after, stored_cursor=after.cursor)
+        # The store's count of quarantined entries (it may quarantine more than this page's
+        # own: one origin per entry).
+        stored = json.loads(outcome.unwrap())
+        after = replace(after, stored_cursor=after.cursor, quarantines=stored["quarantines"])
     deps.handle.states[after.peer_did] = after
     return after

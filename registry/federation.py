@@ -210,7 +210,7 @@ def check_replica(entry: dict[str, Any]) -> Replica:
         did = entry.get("entryDid")
         if (
             not isinstance(did, str)
-            or not did.startswith("did:")
+            or not is_did(did)
             or not isinstance(entry.get("deletedAt"), str)
         ):
             raise Invalid("a tombstone needs entryDid and deletedAt", code="tombstone_invalid")
@@ -245,6 +245,18 @@ def check_replica(entry: dict[str, Any]) -> Replica:
     return Replica(seq, did, lifecycle, join_members(members))
 
 
+def _storable(entry: dict[str, Any]) -> str:
+    """A quarantined entry as text PostgreSQL can store: JCS when it has one, else escaped JSON
+    (no NUL or lone surrogate survives `ensure_ascii`), else a note (nested too deep)."""
+    try:
+        return canonicalize(entry).decode("utf-8")
+    except Exception:  # not representable as JCS: keep it as Python sees it
+        try:
+            return json.dumps(entry, ensure_ascii=True, default=str)
+        except (ValueError, RecursionError):
+            return json.dumps({"sequence": entry.get("sequence"), "unrepresentable": True})
+
+
 def sort_entries(
     entries: Sequence[dict[str, Any]],
 ) -> tuple[list[Replica], list[Quarantined]]:
@@ -254,17 +266,17 @@ def sort_entries(
     for entry in entries:
         try:
             replicas.append(check_replica(entry))
-        except (RegistryError, ValueError, TypeError, KeyError) as exc:
+        except (RegistryError, ValueError, TypeError, KeyError, RecursionError) as exc:
             did = entry.get("entryDid")
             code = exc.code if isinstance(exc, RegistryError) else "entry_invalid"
-            message = exc.message if isinstance(exc, RegistryError) else str(exc)
-            try:
-                doc = canonicalize(entry).decode("utf-8")
-            except Exception:  # not canonical JSON: keep it as Python sees it
-                doc = json.dumps(entry, ensure_ascii=True, default=str)
+            message = exc.message if isinstance(exc, RegistryError) else type(exc).__name__
             quarantined.append(
                 Quarantined(
-                    entry["sequence"], did if isinstance(did, str) else None, code, message, doc
+                    entry["sequence"],
+                    did if isinstance(did, str) and is_did(did) else None,
+                    code,
+                    message,
+                    _storable(entry),
                 )
             )
     return replicas, quarantined

@@ -37,7 +37,7 @@ from actors.log import Lagged, LogHandle, Subscription
 from registry.canonical import parse_strict
 from registry.changes import LogRecord
 from registry.config import EventsConfig
-from registry.errors import Invalid, RegistryError
+from registry.errors import Invalid, RegistryError, Unauthorized
 from registry.events import ADMIN_KINDS, AuthMessage, Filter, SubscribeRequest
 from registry.models import validate_model
 from registry.ratelimit import Bucket, Rate, take
@@ -220,6 +220,12 @@ class Connection:
         return self.principal is not None and self.principal.admin
 
     async def _subscribe(self, request: SubscribeRequest) -> None:
+        if self.principal is not None:  # the session may have ended since it authenticated
+            try:
+                self.principal = await self.deps.sessions.recheck(self.principal)
+                self.revoked = False
+            except Unauthorized:
+                self.principal, self.revoked = None, False
         forbidden = Filter.forbidden_kinds(request, admin=self.admin)
         if forbidden:
             raise Invalid(

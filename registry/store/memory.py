@@ -62,7 +62,7 @@ __all__ = ["HANDLERS", "MemoryStore", "MemoryWakeups"]
 K = TypeVar("K")
 V = TypeVar("V")
 
-MODELLED_SCHEMA = 13  # the migration whose semantics this fake follows
+MODELLED_SCHEMA = 14  # the migration whose semantics this fake follows
 IDEMPOTENCY_TTL_MS = 24 * 3600 * 1000  # an idempotency record answers for 24 hours
 SESSION_GRACE_MS = 24 * 3600 * 1000  # expired sessions are purged a day later
 CHALLENGE_GRACE_MS = 3600 * 1000  # put_challenge collects challenges expired an hour ago
@@ -504,12 +504,28 @@ def _apply_peer_sync(
             "the peer's cursor moved meanwhile",
             {"peerDid": peer, "cursor": cursor},
         )
+    added = 0
+    # One origin per entry (migration 0014): a DID another peer brought is quarantined.
+    foreign = {r.entry_did for (origin, _), r in tx.tables.replicas.items() if origin != peer}
     for r in rows.get("replicas") or []:
         key = (peer, int(r["seq"]))
-        if key not in tx.tables.replicas:
+        if r["entryDid"] in foreign:
+            if key not in tx.tables.quarantine:
+                tx.put(
+                    tx.tables.quarantine,
+                    key,
+                    {
+                        "seq": r["seq"],
+                        "entryDid": r["entryDid"],
+                        "code": "entry_from_other_origin",
+                        "reason": "another peer already replicates this entry here",
+                        "doc": r["doc"],
+                    },
+                )
+                added += 1
+        elif key not in tx.tables.replicas:
             replica = _Replica(_text(r, "entryDid"), _text(r, "lifecycle"), _text(r, "doc"), seq)
             tx.put(tx.tables.replicas, key, replica)
-    added = 0
     for q in rows.get("quarantined") or []:
         key = (peer, int(q["seq"]))
         if key not in tx.tables.quarantine:

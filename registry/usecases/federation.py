@@ -30,6 +30,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+import httpx
 import trio
 
 from registry.breaker import BreakerPolicy
@@ -55,6 +56,7 @@ from registry.federation import (
     merge_pages,
 )
 from registry.keys import SigningKey
+from registry.models import MAX_SAFE_INTEGER
 from registry.query import MAX_OFFSET, OrderKey, effective_order
 from registry.store import PeerRow, Store
 from registry.usecases.common import Principal, now_ms, page_size
@@ -349,7 +351,8 @@ class Federation:
                 raise PeerRefused("an entry of the discover response is malformed")
             replica = check_replica(entry)  # Invalid: the peer served an entry that fails
             texts.append(replica.doc)
-        page = SourcePage(did, tuple(texts), more, max(total, 0), int(query.get("offset", 0)))
+        total = min(max(total, 0), MAX_SAFE_INTEGER)  # a peer's word: bounded
+        page = SourcePage(did, tuple(texts), more, total, int(query.get("offset", 0)))
         if not in_merge_order(order, page):
             raise PeerRefused("the peer's page is not in the query's order")
         return page
@@ -548,6 +551,7 @@ def _url(body: dict[str, Any], name: str, *, required: bool) -> str:
         or not value.startswith(("http://", "https://"))
         or any(c.isspace() or ord(c) < 0x20 or ord(c) == 0x7F for c in value)
         or len(value.split("://", 1)[1]) == 0
+        or not _fetchable(value)
     ):
         raise Invalid(
             f"{name} must be an http(s) URL of at most {MAX_ENDPOINT} characters",
@@ -555,6 +559,17 @@ def _url(body: dict[str, Any], name: str, *, required: bool) -> str:
             details={"field": name},
         )
     return value
+
+
+def _fetchable(url: str) -> bool:
+    """Whether the HTTP client can request this URL (`http://[::1`, an over-long label: no)."""
+    try:
+        parsed = httpx.URL(url)
+        host = parsed.host
+        labels_fit = len(host) <= 253 and all(len(label) <= 63 for label in host.split("."))
+        return bool(host) and labels_fit and parsed.scheme in ("http", "https")
+    except Exception:  # httpx.InvalidURL, UnicodeError, ValueError, …
+        return False
 
 
 class PeerRefused(Exception):

@@ -127,7 +127,14 @@ class Sessions:
         return body, token
 
     async def authenticate(self, token: str) -> Principal:
-        token_hash = hash_token(token)
+        return await self.recheck_hash(hash_token(token))
+
+    async def recheck(self, principal: Principal) -> Principal:
+        """The principal's session as it stands now (`Unauthorized` once it has expired or been
+        revoked): for a long-lived caller, e.g. an event subscription."""
+        return await self.recheck_hash(principal.token_hash)
+
+    async def recheck_hash(self, token_hash: bytes) -> Principal:
         session = self.sessions.get(token_hash)
         if session is None:
             epoch = self.sessions.epoch

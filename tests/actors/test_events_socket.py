@@ -124,11 +124,20 @@ class StubSessions:
         "user-token": principal("did:web:user.example", "entries.write"),
     }
 
+    def __init__(self) -> None:
+        self.revoked: set[bytes] = set()  # token hashes whose session has ended
+
     async def authenticate(self, token: str) -> Principal:
         await trio.lowlevel.checkpoint()
         if token not in self.TOKENS:
             raise Unauthorized("session missing, expired or unknown", code="session_invalid")
         return self.TOKENS[token]
+
+    async def recheck(self, principal: Principal) -> Principal:
+        await trio.lowlevel.checkpoint()
+        if principal.token_hash in self.revoked:
+            raise Unauthorized("session missing, expired or unknown", code="session_invalid")
+        return principal
 
 
 class Client:
@@ -638,3 +647,24 @@ async def test_admin_only_events_stop_with_4401_once_the_admin_session_has_expir
         await events.store.append([(peer_status(), None)])
         await trio.testing.wait_all_tasks_blocked()
         assert reason(client) == {"code": "session_invalid", "lastSequence": 1}
+
+
+async def test_a_subscription_made_after_the_admin_session_ended_gets_no_admin_kinds(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Authenticated as an admin, then the session ends (a logout before this subscription's
+    start, which its stream never sees): subscribing re-checks the session, so admin-only kinds
+    are refused and a subscription to everything carries none."""
+    async with open_events() as events:
+        client = events.connect()
+        await client.sock.put({"type": "auth", "token": "admin-token"})
+        assert (await client.sock.get())["admin"] is True
+        events.deps.sessions.revoked.add(StubSessions.TOKENS["admin-token"].token_hash)
+        await client.sock.put({"type": "subscribe", "kinds": ["peer.status"]})
+        answer = await client.sock.get()
+        assert answer["type"] == "error"
+        assert answer["error"]["code"] == "capability_missing"
+        assert await client.subscribe(fromSequence=0) == 0
+        await events.store.append([(peer_status(), None)])
+        await events.store.append([(version("entry.created", new_did(), None), None)])
+        assert await client.events(1) == [2]  # the entry event; the peer.status one is filtered

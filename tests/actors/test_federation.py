@@ -15,6 +15,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import httpx
 import pytest
 import trio
 import trio.testing
@@ -1011,3 +1012,44 @@ async def test_a_cursor_moved_only_over_the_peers_bookkeeping_is_not_written_unt
         assert stored is not None
         assert stored.cursor == 6
         assert peer.asked[:3] == [0, 1, 5]  # from the live cursor, not the stored one
+
+
+def test_retry_after_is_whole_ascii_seconds_only() -> None:
+    from actors.federation import _retry_after
+
+    assert _retry_after(httpx.Headers({"Retry-After": "7"})) == 7.0
+    # As received: header bytes decoded as Latin-1 (b"\xb2" is "²", which isdigit() accepts).
+    for odd in (b"\xb2", b"1.5", b"-1", b"Wed, 21 Oct 2026 07:28:00 GMT", b""):
+        assert _retry_after(httpx.Headers([(b"Retry-After", odd)])) is None
+
+
+async def test_an_entry_another_peer_already_brought_is_quarantined_not_imported(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """One origin per entry: a second peer serving the same DID (a tombstone, or an older
+    signed version) cannot hide or roll back the first origin's replica."""
+    rig = make_rig(2)
+    first, second = rig.peers
+    [original] = first.entries(1)
+    second.serve(
+        {
+            "deletedAt": "2026-11-24T00:00:00.000Z",
+            "entryDid": original["entryDid"],
+            "lifecycleStatus": "deleted",
+            "sequence": 1,
+        }
+    )
+    handle = FederationHandle(rig.config.peers)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(run_peer, rig.deps(handle), rig.config.peers[0])
+        await first.wait_calls(1)
+        nursery.start_soon(run_peer, rig.deps(handle), rig.config.peers[1])
+        await second.wait_calls(1)
+        replica = await rig.store.replica_head(original["entryDid"])
+        assert replica is not None
+        assert (replica.origin_did, replica.lifecycle) == (first.did, "active")
+        assert live(handle, second).quarantines == 1
+        row = await rig.store.get_peer(second.did)
+        assert row is not None
+        assert row.quarantines == 1
+        nursery.cancel_scope.cancel()

@@ -396,7 +396,7 @@ async def test_failing_reads_and_writes_raise_unavailable() -> None:
         await store.append([(create("a"), None)])
     store.fail_writes = False
     assert await store.log_head() == 0
-    assert await store.schema_version() == 13
+    assert await store.schema_version() == 14
 
 
 async def test_wakeups_follow_appends_that_take_a_position(

@@ -1162,6 +1162,8 @@ BAD_ENDPOINTS: list[tuple[str, Any, str | None]] = [
     ("tab", {"endpoint": "https://127.0.0.1/\t"}, "endpoint"),
     ("number", {"endpoint": 8080}, "endpoint"),
     ("null", {"endpoint": None}, "endpoint"),
+    ("unparseable-host", {"endpoint": "http://[::1"}, "endpoint"),
+    ("label-too-long", {"endpoint": "http://" + "a" * 70 + ".example"}, "endpoint"),
     ("missing", {}, "endpoint"),
     ("unknown-member", {"endpoint": "https://127.0.0.1", "peerDid": "did:key:z6Mk"}, "peerDid"),
     ("bad-grpc", {"endpoint": "https://127.0.0.1", "grpcEndpoint": "grpc://x"}, "grpcEndpoint"),
@@ -1400,6 +1402,40 @@ async def test_a_replica_whose_latest_version_is_a_tombstone_reads_404(harness: 
         r = await get(h, path)
         await error_of(r, 404, "entry_not_found")
         assert "Registry-Origin" not in r.headers
+
+
+async def test_one_origin_per_entry_another_peer_cannot_hide_or_roll_it_back(
+    harness: Harness,
+) -> None:
+    """Peer A brings entry X first. Peer B then serves a tombstone of X, and an older version
+    its publisher once signed: both are quarantined (`entry_from_other_origin`), X is still
+    served from A, and B's quarantine count says so."""
+    h = harness
+    a, b = SigningKey.generate().did, SigningKey.generate().did
+    key = SigningKey.generate()
+    did = new_did()
+    old = origin_version(key, did, 3)
+    await import_from(h, a, [origin_version(key, did, 4)])
+    await import_from(h, b, [old, origin_tombstone(did, 9)])
+    r = await get(h, f"/v1/entries/{did}")
+    assert r.status_code == 200
+    assert r.headers["Registry-Origin"] == a
+    assert (await r.get_json())["sequence"] == 4
+    row = await h.store.get_peer(b)
+    assert row is not None
+    assert row.quarantines == 2
+
+    async def codes() -> list[str]:
+        conn = await asyncpg.connect(h.config.database.url)
+        try:
+            rows = await conn.fetch(
+                "SELECT code FROM replica_quarantine WHERE origin_did = $1 ORDER BY origin_seq", b
+            )
+        finally:
+            await conn.close()
+        return [r["code"] for r in rows]
+
+    assert await trio_asyncio.aio_as_trio(codes)() == ["entry_from_other_origin"] * 2
 
 
 async def test_a_locally_deleted_entry_reads_404_even_with_a_replica(harness: Harness) -> None:
