@@ -29,8 +29,8 @@ import json
 import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
+from urllib.parse import urlsplit
 
-import httpx
 import trio
 
 from registry.breaker import BreakerPolicy
@@ -562,13 +562,18 @@ def _url(body: dict[str, Any], name: str, *, required: bool) -> str:
 
 
 def _fetchable(url: str) -> bool:
-    """Whether the HTTP client can request this URL (`http://[::1`, an over-long label: no)."""
+    """Whether an HTTP client can request this URL: a host that parses (`http://[::1` does
+    not), whose labels fit DNS (63 characters, 253 in all) and encode as IDNA."""
     try:
-        parsed = httpx.URL(url)
-        host = parsed.host
-        labels_fit = len(host) <= 253 and all(len(label) <= 63 for label in host.split("."))
-        return bool(host) and labels_fit and parsed.scheme in ("http", "https")
-    except Exception:  # httpx.InvalidURL, UnicodeError, ValueError, …
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        _ = parts.port  # a port that is not a number raises ValueError
+        if parts.scheme not in ("http", "https") or not host:
+            return False
+        if not host.startswith("[") and ":" not in host:
+            host.encode("idna")
+        return len(host) <= 253 and all(len(label) <= 63 for label in host.split("."))
+    except (ValueError, UnicodeError):
         return False
 
 
