@@ -4,23 +4,25 @@ Theory of operation. The log (every accepted change, gap-free, commit order = se
 is the source of truth; LISTEN/NOTIFY only wakes readers. The actor owns the LISTEN connection,
 the last position it has read (`head`), a ring of the most recent records, and the set of live
 subscribers. On each wake-up (and every `poll_seconds`, in case a notification is lost) it reads
-the log after `head` page by page and hands each record to every live subscriber whose position
-is below it, with `send_nowait` into that subscriber's bounded queue: the actor never waits for a
-subscriber, so a slow one cannot slow the others or the writers.
+the log after `head` page by page and hands each page, as one `Batch`, to every live subscriber's
+`Sink`, synchronously: a sink never waits (a queue sink puts the records into its consumer's
+bounded queue; the WebSocket sink writes the frames to the socket without blocking), so a slow
+subscriber cannot slow the others or the writers. Reads are at least `coalesce_seconds` apart:
+under a steady stream of commits each read, and so each sink call, carries several records.
 
 A subscription starts in *replay*: it reads the log itself (in its consumer's task) from its
-`after` position, page by page. When a page comes back short it asks the actor to attach it at
-its position. The actor handles the request between reads, so the hand-over is atomic: if the
-position is at or past `head`, the subscriber simply gets every record after its position from
-now on; if it is behind but the ring still holds the missing records (and they fit its queue),
-the actor queues them first; otherwise it answers "behind" and the subscription replays on.
-Every sequence is delivered once, in order, with no gap at the hand-over.
+`after` position, page by page. When a page comes back short it asks the actor to attach its
+sink at its position. The actor handles the request between reads, so the hand-over is atomic:
+if the position is at or past `head`, the sink simply gets every record after its position from
+now on; if it is behind but the ring still holds the missing records (and they fit its
+`capacity`), the actor delivers them first; otherwise it answers "behind" and the subscription
+replays on. Every sequence is delivered once, in order, with no gap at the hand-over.
 
-Failures. A subscriber whose queue is full is dropped: its queue is closed with the reason
-`slow`, and its consumer gets `Lagged` with the last sequence it received, to resume from. If
-the LISTEN connection is lost the actor drops every subscriber with the reason `disconnected`
-(they go back to replay and re-attach) and fails with `Unavailable`; its supervisor restarts it
-with backoff. Closing the handle's request channel stops it.
+Failures. A sink that cannot keep up answers `slow` and is dropped (a queue subscription's
+consumer gets `Lagged` with the last sequence it received, to resume from). If the LISTEN
+connection is lost the actor tells every sink `disconnected` (they go back to replay and
+re-attach) and fails with `Unavailable`; its supervisor restarts it with backoff. Closing the
+handle's request channel stops it.
 """
 
 from __future__ import annotations
@@ -29,10 +31,10 @@ import contextlib
 import itertools
 import logging
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal, Protocol
 
 import trio
 
@@ -54,13 +56,47 @@ class Lagged(Exception):
         self.last_sequence = last_sequence
 
 
+@dataclass(frozen=True)
+class Batch:
+    """Consecutive log records handed to every sink at once (one read of the log).
+
+    `memo` is scratch space the sinks of one batch share for what they derive from it, so that
+    work done for one subscriber (the frames of the records its filter admits) is done once
+    for every subscriber with the same filter."""
+
+    records: Sequence[LogRecord]
+    at: float  # trio.current_time() when the batch was handed out
+    memo: dict[Any, Any] = field(default_factory=dict)
+
+
+Delivery = Literal["ok", "slow", "gone"]
+
+
+class Sink(Protocol):
+    """Where a live subscription's records go, called from the log actor's task: it must not
+    block. Each batch follows the previous one without gap or overlap."""
+
+    @property
+    def capacity(self) -> int:
+        """How many records the sink can take at the hand-over from replay to live."""
+        ...
+
+    def deliver(self, batch: Batch) -> Delivery:
+        """Take the batch: "ok"; "slow" (the sink fell too far behind: drop it, it has noted
+        why); "gone" (the subscriber has ended)."""
+        ...
+
+    def disconnected(self) -> None:
+        """The actor lost the log and dropped the sink: replay, then attach again."""
+        ...
+
+
 @dataclass
 class _Subscriber:
     """The actor's side of a live subscription (touched only by the actor's task)."""
 
-    queue: trio.MemorySendChannel[LogRecord]
-    position: int  # the last sequence queued to it
-    dropped: Literal["slow", "disconnected"] | None = None
+    sink: Sink
+    position: int  # the last sequence delivered to it
 
 
 @dataclass(frozen=True)
@@ -68,6 +104,31 @@ class _Attach:
     after: int
     subscriber: _Subscriber
     reply: trio.MemorySendChannel[bool]  # True: attached; False: behind, replay on
+
+
+class _QueueSink:
+    """A subscription's sink: the records go, one by one, into its consumer's bounded queue."""
+
+    def __init__(self, queue: trio.MemorySendChannel[LogRecord], capacity: int) -> None:
+        self.queue = queue
+        self.capacity = capacity
+        self.dropped: Literal["slow", "disconnected"] | None = None
+
+    def deliver(self, batch: Batch) -> Delivery:
+        for record in batch.records:
+            try:
+                self.queue.send_nowait(record)
+            except trio.WouldBlock:
+                self.dropped = "slow"
+                self.queue.close()
+                return "slow"
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                return "gone"  # the consumer went away
+        return "ok"
+
+    def disconnected(self) -> None:
+        self.dropped = "disconnected"
+        self.queue.close()
 
 
 @dataclass
@@ -88,7 +149,7 @@ class Subscription:
         self._queue_size = queue_size
         self._pending: deque[LogRecord] = deque()
         self._live: trio.MemoryReceiveChannel[LogRecord] | None = None
-        self._subscriber: _Subscriber | None = None
+        self._sink: _QueueSink | None = None
         self.live_changed = trio.Event()  # set (and replaced) whenever `live` changes
 
     @property
@@ -124,17 +185,17 @@ class Subscription:
 
     def _detached(self) -> None:
         assert self._live is not None
-        assert self._subscriber is not None
-        reason = self._subscriber.dropped
+        assert self._sink is not None
+        reason = self._sink.dropped
         self._live.close()
-        self._live = self._subscriber = None
+        self._live = self._sink = None
         self._flip()
         if reason == "slow":
             raise Lagged(self.last)
         # disconnected (the actor restarts) or stopped: replay from the store again
 
     async def _replay(self) -> None:
-        records = await self._handle.store.log_after(self.last, PAGE)
+        records = await self._handle.read(self.last)
         self._pending.extend(records)
         if len(records) < PAGE:
             after = records[-1].seq if records else self.last
@@ -142,13 +203,9 @@ class Subscription:
 
     async def _attach(self, after: int) -> None:
         send, receive = trio.open_memory_channel[LogRecord](self._queue_size)
-        subscriber = _Subscriber(send, after)
-        reply, answer = trio.open_memory_channel[bool](1)
-        async with answer:
-            await self._handle._requests.send(_Attach(after, subscriber, reply))
-            attached = await answer.receive()
-        if attached:
-            self._live, self._subscriber = receive, subscriber
+        sink = _QueueSink(send, self._queue_size)
+        if await self._handle.attach(after, sink):
+            self._live, self._sink = receive, sink
             self._flip()
         else:
             receive.close()
@@ -194,6 +251,19 @@ class LogHandle:
         """The log's current last sequence (read from the store)."""
         return await self.store.log_head()
 
+    async def read(self, after: int) -> Sequence[LogRecord]:
+        """Up to `PAGE` records after `after`, from the store (a replay's page)."""
+        return await self.store.log_after(after, PAGE)
+
+    async def attach(self, after: int, sink: Sink) -> bool:
+        """Make `sink` live after sequence `after` (the last record its subscriber has): from
+        now on the actor delivers it every record after that. False: the subscriber is too far
+        behind live; it replays more from the store and asks again."""
+        reply, answer = trio.open_memory_channel[bool](1)
+        async with answer:
+            await self._requests.send(_Attach(after, _Subscriber(sink, after), reply))
+            return await answer.receive()
+
     def statistics(self) -> LogStats:
         return LogStats(**vars(self._stats))
 
@@ -212,18 +282,23 @@ async def run_log(
     *,
     queue_size: int = 1024,
     poll_seconds: float = 5.0,
+    coalesce_seconds: float = 0.0,
     task_status: trio.TaskStatus[LogHandle] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """The actor: started with `nursery.start`, it reports its handle once the log head is known.
 
-    Each connection of the actor runs under the supervisor (restarted after a lost LISTEN)."""
+    Each connection of the actor runs under the supervisor (restarted after a lost LISTEN).
+    `coalesce_seconds` is the least time between two reads of the log."""
     send, inbox = trio.open_memory_channel[_Attach | _Wake](1024)
     stats = LogStats()
     state = _State(head=await store.log_head())
     stats.head = state.head
     async with inbox, send.clone() as wake:
         task_status.started(LogHandle(store, send, stats, queue_size))
-        await supervise("log", lambda: _connected(store, state, stats, inbox, wake, poll_seconds))
+        await supervise(
+            "log",
+            lambda: _connected(store, state, stats, inbox, wake, poll_seconds, coalesce_seconds),
+        )
 
 
 @dataclass(frozen=True)
@@ -238,11 +313,12 @@ async def _connected(
     inbox: trio.MemoryReceiveChannel[_Attach | _Wake],
     wake: trio.MemorySendChannel[_Attach | _Wake],
     poll_seconds: float,
+    coalesce_seconds: float,
 ) -> None:
     try:
         async with store.listen_log() as wakeups, trio.open_nursery() as nursery:
             stats.connected = True
-            nursery.start_soon(_forward_wakeups, wakeups, wake, poll_seconds)
+            nursery.start_soon(_forward_wakeups, wakeups, wake, poll_seconds, coalesce_seconds)
             await _read(store, state, stats)  # changes may have committed while disconnected
             async for message in inbox:
                 if isinstance(message, _Attach):
@@ -252,22 +328,27 @@ async def _connected(
     finally:
         stats.connected = False
         for subscriber in state.subscribers:
-            subscriber.dropped = "disconnected"
-            subscriber.queue.close()
+            subscriber.sink.disconnected()
         state.subscribers.clear()
         stats.subscribers = 0
 
 
 async def _forward_wakeups(
-    wakeups: LogWakeups, wake: trio.MemorySendChannel[_Attach | _Wake], poll_seconds: float
+    wakeups: LogWakeups,
+    wake: trio.MemorySendChannel[_Attach | _Wake],
+    poll_seconds: float,
+    coalesce_seconds: float,
 ) -> None:
-    """Turn notifications (and, as a safety net, silence of `poll_seconds`) into reads."""
+    """Turn notifications (and, as a safety net, silence of `poll_seconds`) into reads, at
+    most one per `coalesce_seconds` (notifications meanwhile are kept: `wait` returns at once)."""
     while True:
         with trio.move_on_after(poll_seconds):
             await wakeups.wait()
         # A full inbox means the actor is busy; it reads again soon, and so does the poll.
         with contextlib.suppress(trio.WouldBlock):
             wake.send_nowait(_Wake())
+        if coalesce_seconds > 0:
+            await trio.sleep(coalesce_seconds)
 
 
 async def _read(store: Store, state: _State, stats: LogStats) -> None:
@@ -277,48 +358,57 @@ async def _read(store: Store, state: _State, stats: LogStats) -> None:
             assert record.seq == state.head + 1, f"log gap: {state.head} then {record.seq}"
             state.head = record.seq
             state.ring.append(record)
-            _fan_out(state, stats, record)
+        if records:
+            _fan_out(state, stats, records)
         stats.head = state.head
         stats.records_read += len(records)
         if len(records) < PAGE:
             return
 
 
-def _fan_out(state: _State, stats: LogStats, record: LogRecord) -> None:
+def _fan_out(state: _State, stats: LogStats, records: Sequence[LogRecord]) -> None:
+    """Hand `records` (consecutive) to every live sink, each from where it stands."""
+    first, last = records[0].seq, records[-1].seq
+    batch = Batch(records, trio.current_time())
     kept: list[_Subscriber] = []
     for subscriber in state.subscribers:
-        if subscriber.position >= record.seq:
+        if subscriber.position >= last:
             kept.append(subscriber)  # it read this far itself before attaching
             continue
-        try:
-            subscriber.queue.send_nowait(record)
-        except trio.WouldBlock:
-            subscriber.dropped = "slow"
-            subscriber.queue.close()
+        given = batch
+        if subscriber.position >= first:  # it attached within these records
+            given = Batch(records[subscriber.position - first + 1 :], batch.at)
+        outcome = subscriber.sink.deliver(given)
+        if outcome == "ok":
+            subscriber.position = last
+            kept.append(subscriber)
+        elif outcome == "slow":
             stats.dropped_slow += 1
-            continue
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            continue  # the consumer went away
-        subscriber.position = record.seq
-        kept.append(subscriber)
     state.subscribers = kept
     stats.subscribers = len(kept)
 
 
 def _attach(state: _State, stats: LogStats, request: _Attach) -> None:
     subscriber = request.subscriber
+    sink = subscriber.sink
     if request.after < state.head:
         missing = state.head - request.after
         oldest = state.ring[0].seq if state.ring else state.head + 1
-        if oldest > request.after + 1 or missing > subscriber.queue.statistics().max_buffer_size:
+        if oldest > request.after + 1 or missing > sink.capacity:
             _reply(request, False)  # not in the ring, or too many: replay on from the store
             return
-        for record in itertools.islice(state.ring, len(state.ring) - missing, None):
-            subscriber.queue.send_nowait(record)
+        if not _reply(request, True):
+            return  # the subscriber gave up waiting
+        catch_up = list(itertools.islice(state.ring, len(state.ring) - missing, None))
+        outcome = sink.deliver(Batch(catch_up, trio.current_time()))
+        if outcome != "ok":  # it fits the capacity, so only a subscriber that ended says so
+            stats.dropped_slow += outcome == "slow"
+            return
         subscriber.position = state.head
-    if _reply(request, True):
-        state.subscribers.append(subscriber)
-        stats.subscribers = len(state.subscribers)
+    elif not _reply(request, True):
+        return
+    state.subscribers.append(subscriber)
+    stats.subscribers = len(state.subscribers)
 
 
 def _reply(request: _Attach, attached: bool) -> bool:

@@ -88,6 +88,7 @@ class Filter:
         self.kinds = frozenset(request.kinds) & allowed if request.kinds else allowed
         self.entry_types = frozenset(request.entry_types or ())
         self.entry_dids = frozenset(request.entry_dids or ())
+        self.key = (self.kinds, self.entry_types, self.entry_dids)  # equal filters, equal keys
 
     @staticmethod
     def forbidden_kinds(request: SubscribeRequest, *, admin: bool) -> list[str]:

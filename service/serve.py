@@ -31,6 +31,7 @@ from registry.store.embedded import EmbeddedPostgres
 from registry.store.migrate import migrate
 from registry.store.pg import open_pg_store
 from service.wiring import Service, open_service
+from ws.transport import install_in_hypercorn
 
 log = logging.getLogger("registry")
 
@@ -158,6 +159,7 @@ async def serve(
             http_done = trio.Event()
 
             async def run_http(task_status: trio.TaskStatus[list[str]]) -> None:
+                install_in_hypercorn()  # the event fan-out writes frames to the socket
                 try:
                     await hypercorn.trio.serve(
                         app,

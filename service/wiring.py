@@ -81,6 +81,7 @@ async def open_service(
                 store,
                 queue_size=config.events.queue_size,
                 poll_seconds=config.events.poll_seconds,
+                coalesce_seconds=config.events.coalesce_seconds,
                 task_status=task_status,
             )
         )

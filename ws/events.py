@@ -2,15 +2,20 @@
 
 Theory of operation: each connection runs in its own nursery. One task reads the client's
 messages (subscribe, unsubscribe, auth, ping); at most one forwarder task at a time follows a
-log subscription (replay, then live, from the log actor) and sends the events its filter admits,
-plus a heartbeat after `heartbeat_seconds` of quiet. Sends are serialised by a lock. The
-connection tracks `position`: every record up to it was either sent or filtered out, so it is
-the exact point to resume from, and it is what every close reports.
+log subscription. The forwarder replays the log from the store page by page; then it attaches
+the subscription's `EventSink` to the log actor, which from then on hands it every batch it
+reads, synchronously. The sink filters the batch and hands the admitted events to its writer
+without waiting: on a plain TCP connection the frames go to the socket in one non-blocking write
+(`FrameWriter`, ws/transport.py), otherwise into a bounded queue the forwarder sends from
+(`TextWriter`). The forwarder meanwhile flushes what the socket did not take at once and sends a
+heartbeat after `heartbeat_seconds` of quiet. The connection tracks `position`: every record up
+to it was either handed to the socket or filtered out, so it is the exact point to resume from,
+and it is what every close reports (a close frame always follows the events before it).
 
 How it ends, always with a close code and a reason, never with a traceback:
 - a message that is not a JSON object of a known type, or a binary or oversized frame: 4400;
 - no subscription for `idle_seconds`: 4408;
-- the subscriber fell `queue_size` records behind live (the log actor dropped it): 4429, the
+- the subscriber fell `queue_size` events behind live (the log actor dropped it): 4429, the
   reason `{"code":"slow_consumer","lastSequence":N}`; resume with `fromSequence: N`; also 4429,
   `{"code":"too_many_messages",...}`, for a client sending more than `messages_per_minute`;
 - the log cannot be read (database down): 1011 with the same kind of reason;
@@ -25,15 +30,16 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, NoReturn, Protocol
+from typing import Any, Literal, NoReturn, Protocol
 
 import trio
 from quart import websocket
 from quart_trio import QuartTrio
 
-from actors.log import Lagged, LogHandle, Subscription
+from actors.log import PAGE, Batch, Delivery, LogHandle
 from registry.canonical import parse_strict
 from registry.changes import LogRecord
 from registry.config import EventsConfig
@@ -43,6 +49,7 @@ from registry.models import validate_model
 from registry.ratelimit import Bucket, Rate, take
 from registry.usecases.common import Principal, now_ms
 from registry.usecases.sessions import Sessions
+from ws.transport import CURRENT_STREAM, FrameStream, text_frame
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +92,7 @@ class Connection:
 
     sock: Socket
     deps: EventDeps
+    stream: FrameStream | None = None  # the fast path's socket (ws/transport.py), if any
     principal: Principal | None = None
     revoked: bool = False  # the principal's session was revoked since it authenticated
     position: int | None = None  # every record up to here was sent or filtered out
@@ -94,6 +102,9 @@ class Connection:
     _nursery: trio.Nursery | None = None
     _closed: bool = False
     _send_since: float | None = None  # when the send in progress began
+    # Events handed over by the sink on the ordinary path (`TextWriter`): sent before any
+    # other message, so that every message after them can report `position`.
+    outbox: deque[str] = field(default_factory=deque)
     _budget: Bucket | None = None  # the client's messages (`messages_per_minute`)
 
     async def run(self) -> None:
@@ -112,7 +123,8 @@ class Connection:
 
     # --- sending ----------------------------------------------------------------------
 
-    async def send(self, data: str) -> None:
+    async def send(self, data: str | None) -> None:
+        """Send `data` after the events the sink has handed over (`outbox`); None: only those."""
         async with self._send_lock:
             if self._closed:
                 raise _Closed
@@ -120,9 +132,15 @@ class Connection:
             # `_drop_when_stuck` ends a send that takes too long.
             self._send_since = trio.current_time()
             try:
-                await self.sock.send(data)
+                await self._send_outbox()
+                if data is not None:
+                    await self.sock.send(data)
             finally:
                 self._send_since = None
+
+    async def _send_outbox(self) -> None:
+        while self.outbox:
+            await self.sock.send(self.outbox.popleft())
 
     async def _drop_when_stuck(self) -> None:
         """Drop a client that accepts no data for `send_timeout_seconds` (checked every
@@ -134,6 +152,8 @@ class Connection:
             if since is not None and trio.current_time() - since >= timeout:
                 self._closed = True
                 log.info("event subscriber took no data for %gs; dropped", timeout)
+                if self.stream is not None:
+                    self.stream.abort()  # ends a write waiting for it, Hypercorn's included
                 raise _Closed
 
     async def send_json(self, message: dict[str, Any]) -> None:
@@ -144,8 +164,13 @@ class Connection:
         async with self._send_lock:
             if not self._closed:
                 self._closed = True
-                with trio.move_on_after(self.deps.config.send_timeout_seconds):
-                    await self.sock.close(code, reason.encode()[:123].decode(errors="ignore"))
+                self._send_since = trio.current_time()  # the watchdog cuts off a stuck client
+                try:
+                    with trio.move_on_after(self.deps.config.send_timeout_seconds):
+                        await self._send_outbox()  # the events before the resume point first
+                        await self.sock.close(code, reason.encode()[:123].decode(errors="ignore"))
+                finally:
+                    self._send_since = None
         raise _Closed
 
     def _resume_reason(self, code: str) -> str:
@@ -269,36 +294,80 @@ class Connection:
             done.set()
 
     async def _stream(self, admits: Filter, after: int, batch: bool) -> None:
-        heartbeat = self.deps.config.heartbeat_seconds
+        """Replay from the store, then live from the log actor, until the subscription ends."""
+        sink = EventSink(self, admits, batch, self._writer())
         try:
-            async with self.deps.logs.subscribe(after) as subscription:
-                await self.send_json({"type": "subscribed", "fromSequence": after})
-                while True:
-                    if subscription.ready():  # no timer while records are queued
-                        record = await subscription.receive()
-                    else:
-                        with trio.move_on_after(heartbeat) as quiet:
-                            record = await subscription.receive()
-                        if quiet.cancelled_caught:
-                            await self.send_json(
-                                {"type": "heartbeat", "lastSequence": self.position}
-                            )
-                            continue
-                    if batch:
-                        await self._send_batch(subscription, admits, record)
-                        continue
-                    self._note_revocation(record)
-                    if record.public and admits.admits(record):
-                        if record.kind in ADMIN_KINDS and not self._still_admin():
-                            await self._close_lapsed()
-                        await self.send(record.event_json)
-                    self.position = record.seq
-        except Lagged:
-            await self.close(CLOSE_SLOW, self._resume_reason("slow_consumer"))
+            await self.send_json({"type": "subscribed", "fromSequence": after})
+            while True:
+                await self._replay(sink)
+                ended = await self._follow(sink)
+                if ended == "slow":
+                    await self.close(CLOSE_SLOW, self._resume_reason("slow_consumer"))
+                if ended == "lapsed":
+                    await self._close_lapsed()
+                if ended == "gone":  # the connection broke under a write
+                    self._closed = True
+                    raise _Closed
+                # disconnected: the log actor restarts; replay from here and attach again
         except (RegistryError, trio.BrokenResourceError, trio.ClosedResourceError):
             # the log cannot be read, or the log actor has stopped (shutdown)
             log.warning("event subscription cannot follow the log", exc_info=True)
             await self.close(CLOSE_INTERNAL, self._resume_reason("unavailable"))
+        finally:
+            sink.end()
+
+    def _writer(self) -> Writer:
+        if self.stream is not None:
+            return FrameWriter(self.stream, self.deps.logs.queue_size)
+        return TextWriter(self.outbox, self.deps.logs.queue_size)
+
+    async def _replay(self, sink: EventSink) -> None:
+        """Read the log after the position page by page, sending each (flow-controlled: the
+        next page is read once this one is with the kernel), until the actor takes the sink."""
+        logs = self.deps.logs
+        while True:
+            assert self.position is not None
+            records = await logs.read(self.position)
+            if records:
+                sink.replay(Batch(records, trio.current_time()))
+                await self._flush(sink.writer)
+                if sink.ended is not None:
+                    return
+            if len(records) < PAGE and await logs.attach(self.position, sink):
+                return
+
+    async def _follow(self, sink: EventSink) -> str:
+        """While the actor delivers: flush what the socket did not take at once, send a
+        heartbeat after `heartbeat_seconds` of quiet. Returns why the sink ended."""
+        heartbeat = self.deps.config.heartbeat_seconds
+        writer = sink.writer
+        while sink.ended is None:
+            if writer.busy():
+                await self._flush(writer)
+                continue
+            deadline = writer.last_sent + heartbeat
+            if trio.current_time() >= deadline:
+                await self.send_json({"type": "heartbeat", "lastSequence": self.position})
+                writer.last_sent = trio.current_time()
+                continue
+            with trio.move_on_at(deadline):
+                await sink.wait()
+        ended = sink.ended
+        sink.ended = None if ended == "disconnected" else ended
+        return ended
+
+    async def _flush(self, writer: Writer) -> None:
+        if isinstance(writer, TextWriter):
+            await writer.flush(self)  # `send` keeps the watchdog's time
+            return
+        self._send_since = trio.current_time()
+        try:
+            await writer.flush(self)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self._closed = True  # the client has gone (or was cut off): nothing more to send
+            raise _Closed from None
+        finally:
+            self._send_since = None
 
     # --- admin-only kinds follow the session that allowed them ----------------------------
 
@@ -326,28 +395,196 @@ class Connection:
         revoked: close with 4401 and the resume point (sign in again, resume from there)."""
         await self.close(CLOSE_UNAUTHORIZED, self._resume_reason("session_invalid"))
 
-    async def _send_batch(
-        self, subscription: Subscription, admits: Filter, first: LogRecord
-    ) -> None:
-        """`first` and every record already queued behind it (up to MAX_BATCH), as one frame."""
-        records = [first]
-        while len(records) < MAX_BATCH and subscription.ready():
-            records.append(await subscription.receive())
-        events: list[str] = []
-        for r in records:
-            self._note_revocation(r)
-            if r.public and admits.admits(r):
-                if r.kind in ADMIN_KINDS and not self._still_admin():
-                    if events:
-                        await self.send('{"type":"events","events":[' + ",".join(events) + "]}")
-                    await self._close_lapsed()
-                events.append(r.event_json)
-            self.position = r.seq
-        if events:
-            await self.send('{"type":"events","events":[' + ",".join(events) + "]}")
-
 
 MAX_BATCH = 256  # records in one batched frame
+
+
+class Writer(Protocol):
+    """How a subscription's events reach its socket."""
+
+    last_sent: float  # trio.current_time() of the last event handed to the socket
+
+    def render(self, texts: list[str]) -> Any:
+        """The form `put` takes of these messages (shared by every subscriber of a batch
+        with the same filter)."""
+        ...
+
+    def put(self, rendered: Any, count: int, at: float, *, bounded: bool) -> Delivery:
+        """Hand `count` events over without waiting: "ok", "slow" (more than the queue bound
+        not yet with the kernel, when `bounded`), or "gone" (the connection broke)."""
+        ...
+
+    def busy(self) -> bool:
+        """Whether something handed over waits for `flush`."""
+        ...
+
+    async def flush(self, connection: Connection) -> None: ...
+
+
+class FrameWriter:
+    """The fast path (plain TCP served by Hypercorn, ws/transport.py): the frames of a batch
+    are written with one non-blocking call, from the log actor's task."""
+
+    def __init__(self, stream: FrameStream, limit: int) -> None:
+        self.stream = stream
+        self.limit = limit
+        self.backlog = 0  # events handed over and not yet with the kernel (at most)
+        self.last_sent = trio.current_time()
+
+    def render(self, texts: list[str]) -> bytes:
+        return b"".join([text_frame(text.encode()) for text in texts])
+
+    def put(self, rendered: bytes, count: int, at: float, *, bounded: bool) -> Delivery:
+        if not self.stream.pending_bytes:
+            self.backlog = 0
+        elif bounded and self.backlog + count > self.limit:
+            return "slow"  # nothing of it handed over
+        try:
+            if self.stream.offer(rendered):
+                self.backlog = 0
+            else:
+                self.backlog += count
+        except trio.BrokenResourceError:
+            return "gone"
+        self.last_sent = at
+        return "ok"
+
+    def busy(self) -> bool:
+        return self.stream.pending_bytes > 0
+
+    async def flush(self, connection: Connection) -> None:
+        await self.stream.flush()
+        self.backlog = 0
+
+
+class TextWriter:
+    """The ordinary path (TLS, HTTP/2, tests): one WebSocket message per event, sent by the
+    subscription's task from the connection's bounded outbox."""
+
+    def __init__(self, outbox: deque[str], limit: int) -> None:
+        self.limit = limit
+        self.queue = outbox
+        self.last_sent = trio.current_time()
+
+    def render(self, texts: list[str]) -> list[str]:
+        return texts
+
+    def put(self, rendered: list[str], count: int, at: float, *, bounded: bool) -> Delivery:
+        if bounded and len(self.queue) + len(rendered) > self.limit:
+            return "slow"  # nothing of it handed over
+        self.queue.extend(rendered)
+        return "ok"
+
+    def busy(self) -> bool:
+        return bool(self.queue)
+
+    async def flush(self, connection: Connection) -> None:
+        await connection.send(None)
+        self.last_sent = trio.current_time()
+
+
+class EventSink:
+    """A subscription as the log actor sees it (actors/log.py `Sink`): filters each batch and
+    hands the events to the writer, synchronously. Subscribers with the same filter share the
+    work through the batch's memo: the frames of a batch are built once for all of them."""
+
+    def __init__(self, connection: Connection, admits: Filter, batch: bool, writer: Writer):
+        self.connection = connection
+        self.admits = admits
+        self.batched = batch
+        self.writer = writer
+        self.capacity = connection.deps.logs.queue_size
+        self.key = (type(writer), admits.key, batch)
+        self.ended: Literal["slow", "gone", "lapsed", "disconnected"] | None = None
+        self._wake = trio.Event()
+        self._closed = False
+
+    # --- called by the log actor (and by the replay) ----------------------------------------
+
+    def deliver(self, batch: Batch) -> Delivery:
+        if self._closed or self.ended is not None or self.connection._closed:
+            return "gone"
+        outcome = self._take(batch, bounded=True)
+        if outcome != "ok" or self.writer.busy():
+            self._wake.set()
+        if outcome == "slow" and self.ended is None:
+            self.ended = "slow"
+        return outcome
+
+    def replay(self, batch: Batch) -> None:
+        """A page the subscription read itself: no queue bound (it waits for the socket)."""
+        if self.connection._closed:
+            raise _Closed
+        if self._take(batch, bounded=False) == "gone" and self.ended is None:
+            self.ended = "gone"
+
+    def disconnected(self) -> None:
+        self.ended = "disconnected"
+        self._wake.set()
+
+    def end(self) -> None:
+        """The subscription is over: the actor drops the sink at its next batch."""
+        self._closed = True
+
+    async def wait(self) -> None:
+        """Until the actor has something for the subscription's task."""
+        self._wake = trio.Event()
+        await self._wake.wait()
+
+    # --- filtering ---------------------------------------------------------------------------
+
+    def _take(self, batch: Batch, *, bounded: bool) -> Delivery:
+        connection = self.connection
+        records = batch.records
+        if connection.principal is not None:  # admin-only kinds re-check the session
+            return self._take_checked(batch, bounded=bounded)
+        rendered = batch.memo.get(self.key)
+        if rendered is None:
+            texts = [r.event_json for r in records if r.public and self.admits.admits(r)]
+            rendered = batch.memo[self.key] = (self.writer.render(self._frames(texts)), len(texts))
+        if rendered[1]:
+            outcome = self.writer.put(rendered[0], rendered[1], batch.at, bounded=bounded)
+            if outcome != "ok":
+                if outcome == "gone":
+                    self.ended = "gone"
+                return outcome
+        connection.position = records[-1].seq
+        return "ok"
+
+    def _take_checked(self, batch: Batch, *, bounded: bool) -> Delivery:
+        connection = self.connection
+        texts: list[str] = []
+        lapsed = False
+        upto = connection.position
+        for record in batch.records:
+            connection._note_revocation(record)
+            if record.public and self.admits.admits(record):
+                if record.kind in ADMIN_KINDS and not connection._still_admin():
+                    lapsed = True
+                    break
+                texts.append(record.event_json)
+            upto = record.seq
+        if texts:
+            put = self.writer.put(
+                self.writer.render(self._frames(texts)), len(texts), batch.at, bounded=bounded
+            )
+            if put != "ok":
+                if put == "gone":
+                    self.ended = "gone"
+                return put
+        connection.position = upto
+        if lapsed:
+            self.ended = "lapsed"
+            return "gone"
+        return "ok"
+
+    def _frames(self, texts: list[str]) -> list[str]:
+        if not self.batched or not texts:
+            return texts
+        return [
+            '{"type":"events","events":[' + ",".join(texts[i : i + MAX_BATCH]) + "]}"
+            for i in range(0, len(texts), MAX_BATCH)
+        ]
 
 
 def _token(headers: Any, cookies: Any) -> str | None:
@@ -375,6 +612,8 @@ def register_events(app: QuartTrio, deps: EventDeps) -> None:
         await websocket.accept()
         sock = _QuartSocket()
         connection = Connection(sock, deps)
+        if websocket.http_version in ("1.0", "1.1"):  # not a stream of HTTP/2
+            connection.stream = CURRENT_STREAM.get()
         if deps.connections >= deps.config.max_connections:
             await sock.close(CLOSE_TRY_LATER, "too many event subscribers; try again later")
             return

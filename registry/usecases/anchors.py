@@ -175,6 +175,8 @@ class Anchors:
     async def _control(
         self, principal: Principal, intent_id: str, action: str, idem: IdemKey | None
     ) -> Outcome:
+        subject: list[str] = []  # the entry whose anchorState the change moves
+
         async def decide() -> Change:
             principal.require("admin")
             row = await self.store.get_anchor_intent(intent_id)
@@ -185,6 +187,7 @@ class Anchors:
                     details={"intentId": intent_id},
                 )
             to = control(intent_id, row.state, action)
+            subject[:] = [row.entry_did]
             return Change(
                 "anchor.updated",
                 row.entry_did,
@@ -200,6 +203,8 @@ class Anchors:
 
         outcome = await self.changes.submit(idem, decide)
         if outcome.refusal is None and not outcome.replayed:
+            for did in subject:  # read your write: GET entry shows the new anchorState
+                self.entries.cache.invalidate(did)
             self.on_change()
         return outcome
 

@@ -6,13 +6,19 @@ from __future__ import annotations
 
 import json
 import secrets
+import socket
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
 import trio_asyncio
-from trio_websocket import ConnectionClosed, WebSocketConnection, open_websocket_url
+from trio_websocket import (
+    ConnectionClosed,
+    WebSocketConnection,
+    open_websocket_url,
+    wrap_client_stream,
+)
 
 from api.client import RegistryClient
 from registry.keys import SigningKey
@@ -38,6 +44,15 @@ async def next_event(ws: WebSocketConnection) -> dict[str, Any]:
         message = await receive(ws)
         if message["type"] == "event":
             return message
+
+
+async def open_small_buffer_websocket(nursery: trio.Nursery, http_url: str) -> WebSocketConnection:
+    """A WebSocket client whose socket receive buffer is 4 KB (set before connecting)."""
+    host, port = http_url.removeprefix("http://").rsplit(":", 1)
+    sock = trio.socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    await sock.connect((host, int(port)))
+    return await wrap_client_stream(nursery, trio.SocketStream(sock), host, "/v1/events")
 
 
 async def read_events_until_closed(ws: WebSocketConnection, into: list[int]) -> None:
@@ -77,42 +92,48 @@ async def test_an_entry_written_through_one_process_reaches_a_subscriber_of_anot
 async def test_a_slow_consumer_is_closed_with_its_resume_point_and_resumes_without_loss(
     database_url: str, tmp_path: Path
 ) -> None:
-    burst = 40
+    # ~10 MB of events, more than the kernel holds for a client that stops reading (its
+    # receive buffer is 4 KB; the server's send buffer grows to at most 4 MB here): the
+    # server's own queue of 4 then overflows and it closes the socket with 4429.
+    burst, per_transaction, pad = 2_500, 500, "x" * 4_000
     prefix = f"did:web:slow.test:{secrets.token_hex(4)}"
     env = {"REGISTRY_EVENTS__QUEUE_SIZE": "4"}
     with run_server(tmp_path, database_url=database_url, extra_env=env) as server:
         received: list[int] = []
         async with trio_asyncio.open_loop(), open_pg_store(database_url) as store:
             start = await store.log_head()
-            async with open_websocket_url(ws_url(server.url)) as ws:
+            async with trio.open_nursery() as nursery:
+                ws = await open_small_buffer_websocket(nursery, server.url)
                 await ws.send_message(json.dumps({"type": "subscribe", "fromSequence": start}))
                 assert (await receive(ws))["type"] == "subscribed"
-                # One transaction of `burst` changes: the log actor reads them at once and the
-                # subscriber's queue of 4 overflows, however fast this client reads.
-                changes = [
-                    entry_change(
-                        "entry.created",
-                        did=f"{prefix}:{n}",
-                        expected_head=None,
-                        publisher="did:key:zSlow",
-                        entry_type="AgentDefinition",
-                        lifecycle="draft",
-                        prefix='{"entryDid":"' + f"{prefix}:{n}" + '","sequence":',
-                        suffix="}",
-                    )
-                    for n in range(burst)
-                ]
-                outcomes = await store.append([(c, None) for c in changes])
-                assert all(o.refusal is None for o in outcomes)
+                # The client's reader stops once a message waits unread: nothing is read
+                # while the changes are written.
+                for first in range(0, burst, per_transaction):
+                    changes = [
+                        entry_change(
+                            "entry.created",
+                            did=f"{prefix}:{n}",
+                            expected_head=None,
+                            publisher="did:key:zSlow",
+                            entry_type="AgentDefinition",
+                            lifecycle="draft",
+                            prefix='{"entryDid":"' + f"{prefix}:{n}" + '","sequence":',
+                            suffix="}",
+                            event={"pad": pad},
+                        )
+                        for n in range(first, first + per_transaction)
+                    ]
+                    outcomes = await store.append([(c, None) for c in changes])
+                    assert all(o.refusal is None for o in outcomes)
                 with trio.fail_after(DEADLINE), pytest.raises(ConnectionClosed) as closed:
                     await read_events_until_closed(ws, received)
                 assert closed.value.reason.code == 4429
                 reason = json.loads(closed.value.reason.reason or "{}")
-                # trio-websocket leaks its stream when the server closes: close it ourselves.
-                await ws._stream.aclose()
+                await ws._stream.aclose()  # trio-websocket leaks its stream on a server close
             assert reason["code"] == "slow_consumer"
             resume = reason["lastSequence"]
             assert received == list(range(start + 1, resume + 1))  # exactly up to the point
+            assert resume < start + burst
             async with open_websocket_url(ws_url(server.url)) as ws:
                 await ws.send_message(json.dumps({"type": "subscribe", "fromSequence": resume}))
                 assert (await receive(ws))["type"] == "subscribed"

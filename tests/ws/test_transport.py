@@ -1,0 +1,169 @@
+"""The fan-out's fast path at the socket (ws/transport.py): frames as an independent decoder
+(wsproto) reads them, `FrameStream` ordering over a real socket pair with small buffers, the cut-off
+of a client that reads nothing, and the hook that wraps Hypercorn's connections."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import hypercorn.trio
+import pytest
+import trio
+from hypercorn.config import Config as HyperConfig
+from quart import websocket
+from quart_trio import QuartTrio
+from trio_websocket import open_websocket_url
+from wsproto.frame_protocol import FrameProtocol, Opcode
+
+from ws.transport import CURRENT_STREAM, FrameStream, install_in_hypercorn, text_frame
+
+DEADLINE = 10
+BUFFER = 4096  # the socket pair's buffers: a few KB, so a client that reads nothing is seen
+
+
+def decode(data: bytes) -> list[tuple[Opcode, str]]:
+    """Frames as a WebSocket client decodes them (wsproto refuses masked server frames)."""
+    protocol = FrameProtocol(client=True, extensions=[])
+    protocol.receive_bytes(data)
+    out = []
+    for frame in protocol.received_frames():
+        assert frame.frame_finished
+        assert frame.message_finished
+        out.append((frame.opcode, frame.payload))
+    return out
+
+
+@pytest.mark.parametrize("size", [0, 1, 125, 126, 127, 65_535, 65_536, 200_000])
+def test_a_text_frame_is_what_a_client_decodes(size: int) -> None:
+    text = ("é" * size)[:size] if size < 100 else "x" * size
+    assert decode(text_frame(text.encode())) == [(Opcode.TEXT, text)]
+
+
+def test_frames_concatenate_into_one_write() -> None:
+    texts = ["a", "b" * 300, "c" * 70_000, "☃"]
+    assert decode(b"".join(text_frame(t.encode()) for t in texts)) == [
+        (Opcode.TEXT, t) for t in texts
+    ]
+
+
+@asynccontextmanager
+async def socket_pair() -> AsyncIterator[tuple[FrameStream, trio.SocketStream]]:
+    """A FrameStream (the server's end) and the client's end, with small buffers."""
+    server, client = trio.socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, BUFFER)
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, BUFFER)
+    stream, peer = FrameStream(trio.SocketStream(server)), trio.SocketStream(client)
+    async with stream, peer:
+        yield stream, peer
+
+
+async def read_exactly(peer: trio.SocketStream, size: int) -> bytes:
+    data = bytearray()
+    with trio.fail_after(DEADLINE):
+        while len(data) < size:
+            chunk = await peer.receive_some()
+            assert chunk, "the connection ended early"
+            data += chunk
+    return bytes(data)
+
+
+async def test_an_offer_the_socket_takes_is_written_at_once() -> None:
+    async with socket_pair() as (stream, peer):
+        assert stream.offer(b"hello") is True
+        assert stream.pending_bytes == 0
+        assert await read_exactly(peer, 5) == b"hello"
+
+
+async def test_what_the_socket_does_not_take_stays_pending_and_goes_first() -> None:
+    big = bytes(range(256)) * 1024  # 256 KB: far more than the buffers hold
+    async with socket_pair() as (stream, peer):
+        assert stream.offer(big) is False
+        assert 0 < stream.pending_bytes < len(big)
+        assert stream.offer(b"after") is False  # queued behind, never written before it
+        received: list[bytes] = []
+        async with trio.open_nursery() as nursery:
+
+            async def read_all() -> None:
+                received.append(await read_exactly(peer, len(big) + len(b"after") + 4))
+
+            nursery.start_soon(read_all)
+            await stream.send_all(b"last")  # Hypercorn's own write: after everything offered
+        assert stream.pending_bytes == 0
+        assert received == [big + b"after" + b"last"]
+
+
+async def test_flush_waits_until_everything_offered_is_with_the_kernel() -> None:
+    big = b"z" * 100_000
+    async with socket_pair() as (stream, peer):
+        stream.offer(big)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read_exactly, peer, len(big))
+            await stream.flush()
+            assert stream.pending_bytes == 0
+        assert stream.offer(b"!") is True  # nothing pending: straight to the socket again
+
+
+async def test_abort_ends_a_write_that_waits_for_a_client_that_reads_nothing() -> None:
+    async with socket_pair() as (stream, _peer):
+        stream.offer(b"y" * 100_000)
+        with trio.fail_after(DEADLINE):
+            async with trio.open_nursery() as nursery:
+                failed = trio.Event()
+
+                async def write() -> None:
+                    with pytest.raises((trio.ClosedResourceError, trio.BrokenResourceError)):
+                        await stream.send_all(b"close frame")
+                    failed.set()
+
+                nursery.start_soon(write)
+                await trio.testing.wait_all_tasks_blocked()
+                assert not failed.is_set()  # stuck behind the pending bytes
+                stream.abort()
+        assert failed.is_set()
+        with pytest.raises(trio.BrokenResourceError):
+            stream.offer(b"more")
+
+
+async def test_an_offer_to_a_client_that_has_gone_is_refused() -> None:
+    async with socket_pair() as (stream, peer):
+        await peer.aclose()
+        with pytest.raises(trio.BrokenResourceError):
+            stream.offer(b"x" * 1000)  # the peer's end is closed: EPIPE at once
+
+
+async def test_hypercorn_serves_each_plain_connection_through_a_frame_stream() -> None:
+    install_in_hypercorn()
+    install_in_hypercorn()  # idempotent
+    app = QuartTrio(__name__)
+
+    @app.websocket("/ws")
+    async def ws() -> None:
+        await websocket.accept()
+        stream = CURRENT_STREAM.get()
+        assert isinstance(stream, FrameStream)
+        await websocket.send(json.dumps({"type": "hello"}))
+        # Frames offered straight to the socket, then a message through Quart: in this order.
+        stream.offer(text_frame(b'{"n":1}') + text_frame(b'{"n":2}'))
+        await websocket.send(json.dumps({"n": 3}))
+        await websocket.receive()
+
+    config = HyperConfig()
+    config.bind = ["127.0.0.1:0"]
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        binds: Any = await nursery.start(
+            lambda task_status: hypercorn.trio.serve(
+                app, config, shutdown_trigger=stop.wait, task_status=task_status
+            )
+        )
+        url = binds[0].replace("http://", "ws://") + "/ws"
+        with trio.fail_after(DEADLINE):
+            async with open_websocket_url(url) as client:
+                got = [json.loads(await client.get_message()) for _ in range(4)]
+                await client.send_message("bye")
+        stop.set()
+    assert got == [{"type": "hello"}, {"n": 1}, {"n": 2}, {"n": 3}]
