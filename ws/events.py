@@ -102,9 +102,11 @@ class Connection:
     _nursery: trio.Nursery | None = None
     _closed: bool = False
     _send_since: float | None = None  # when the send in progress began
-    # Events handed over by the sink on the ordinary path (`TextWriter`): sent before any
-    # other message, so that every message after them can report `position`.
-    outbox: deque[str] = field(default_factory=deque)
+    # Events handed over by the sink on the ordinary path (`TextWriter`), each with the
+    # position it completes (None: a position only, for records filtered out behind queued
+    # events): sent before any other message, `position` moving as each goes out.
+    outbox: deque[tuple[str | None, int | None]] = field(default_factory=deque)
+    waiting: int = 0  # messages in the outbox not yet being sent (what the queue bound counts)
     _budget: Bucket | None = None  # the client's messages (`messages_per_minute`)
 
     async def run(self) -> None:
@@ -116,15 +118,23 @@ class Connection:
                 nursery.start_soon(self._drop_when_stuck)
         except* _Closed:
             pass
+        finally:
+            self._closed = True  # the log actor drops the sink at its next batch
+            stream = self.stream
+            if stream is not None and (stream.pending_bytes or stream.stalled_since is not None):
+                # Ended (a disconnect, the server's deadline) while the client was taking no
+                # data: nobody is left to cut it off, and Hypercorn would wait for it forever.
+                stream.abort()
 
     async def _close_when_stopping(self) -> None:
         await self.deps.stopping.wait()
-        await self.close(CLOSE_GOING_AWAY, self._resume_reason("server_stopping"))
+        await self.close(CLOSE_GOING_AWAY, self._resume("server_stopping"))
 
     # --- sending ----------------------------------------------------------------------
 
-    async def send(self, data: str | None) -> None:
-        """Send `data` after the events the sink has handed over (`outbox`); None: only those."""
+    async def send(self, data: str | Callable[[], str] | None) -> None:
+        """Send `data` after the events the sink has handed over (`outbox`); None: only those.
+        A callable is rendered once they are out (a message that reports `position`)."""
         async with self._send_lock:
             if self._closed:
                 raise _Closed
@@ -134,13 +144,24 @@ class Connection:
             try:
                 await self._send_outbox()
                 if data is not None:
-                    await self.sock.send(data)
+                    await self.sock.send(data if isinstance(data, str) else data())
             finally:
                 self._send_since = None
 
     async def _send_outbox(self) -> None:
-        while self.outbox:
-            await self.sock.send(self.outbox.popleft())
+        outbox = self.outbox
+        while outbox:
+            text, upto = outbox[0]  # taken off once sent: a cancelled send keeps its place
+            if text is not None:
+                self.waiting -= 1  # on its way: no longer counted against the queue bound
+                try:
+                    await self.sock.send(text)
+                except BaseException:
+                    self.waiting += 1
+                    raise
+            outbox.popleft()
+            if upto is not None:
+                self.position = upto
 
     async def _drop_when_stuck(self) -> None:
         """Drop a client that accepts no data for `send_timeout_seconds` (checked every
@@ -148,7 +169,9 @@ class Connection:
         timeout = self.deps.config.send_timeout_seconds
         while True:
             await trio.sleep(timeout / 4)
-            since = self._send_since
+            # On the fast path the stream knows how long the client has taken nothing,
+            # whoever is writing (Hypercorn included); otherwise, the send under way.
+            since = self.stream.stalled_since if self.stream is not None else self._send_since
             if since is not None and trio.current_time() - since >= timeout:
                 self._closed = True
                 log.info("event subscriber took no data for %gs; dropped", timeout)
@@ -157,24 +180,27 @@ class Connection:
                 raise _Closed
 
     async def send_json(self, message: dict[str, Any]) -> None:
-        await self.send(json.dumps(message, ensure_ascii=False, separators=(",", ":")))
+        await self.send(_json(message))
 
-    async def close(self, code: int, reason: str) -> NoReturn:
-        """Close with `code` and `reason` (at most 123 bytes of UTF-8), then end the tasks."""
+    async def close(self, code: int, reason: str | Callable[[], str]) -> NoReturn:
+        """Close with `code` and `reason` (at most 123 bytes of UTF-8), then end the tasks. A
+        callable reason is rendered once no event can follow (it reports `position`)."""
         async with self._send_lock:
             if not self._closed:
-                self._closed = True
+                self._closed = True  # from here the sink hands nothing more over
                 self._send_since = trio.current_time()  # the watchdog cuts off a stuck client
                 try:
                     with trio.move_on_after(self.deps.config.send_timeout_seconds):
                         await self._send_outbox()  # the events before the resume point first
-                        await self.sock.close(code, reason.encode()[:123].decode(errors="ignore"))
+                        text = reason if isinstance(reason, str) else reason()
+                        await self.sock.close(code, text.encode()[:123].decode(errors="ignore"))
                 finally:
                     self._send_since = None
         raise _Closed
 
-    def _resume_reason(self, code: str) -> str:
-        return json.dumps({"code": code, "lastSequence": self.position}, separators=(",", ":"))
+    def _resume(self, code: str) -> Callable[[], str]:
+        """A close reason with the resume point as it will be when the close frame goes."""
+        return lambda: _json({"code": code, "lastSequence": self.position})
 
     # --- the client's messages ----------------------------------------------------------
 
@@ -193,13 +219,7 @@ class Connection:
             self._budget, Rate(self.deps.config.messages_per_minute), trio.current_time()
         )
         if not decision.allowed:  # each message may cost a query: a flood is refused
-            await self.close(
-                CLOSE_SLOW,
-                json.dumps(
-                    {"code": "too_many_messages", "lastSequence": self.position},
-                    separators=(",", ":"),
-                ),
-            )
+            await self.close(CLOSE_SLOW, self._resume("too_many_messages"))
         if isinstance(message, bytes):
             await self.close(CLOSE_MALFORMED, "binary frames are not accepted; send JSON text")
         assert isinstance(message, str)
@@ -217,7 +237,9 @@ class Connection:
                 )
             elif kind == "unsubscribe":
                 await self._stop_forwarder()
-                await self.send_json({"type": "unsubscribed", "lastSequence": self.position})
+                await self.send(
+                    lambda: _json({"type": "unsubscribed", "lastSequence": self.position})
+                )
             elif kind == "auth":
                 await self._authenticate(validate_model(AuthMessage, data, code="invalid_message"))
             elif kind == "ping":
@@ -302,7 +324,7 @@ class Connection:
                 await self._replay(sink)
                 ended = await self._follow(sink)
                 if ended == "slow":
-                    await self.close(CLOSE_SLOW, self._resume_reason("slow_consumer"))
+                    await self.close(CLOSE_SLOW, self._resume("slow_consumer"))
                 if ended == "lapsed":
                     await self._close_lapsed()
                 if ended == "gone":  # the connection broke under a write
@@ -312,14 +334,14 @@ class Connection:
         except (RegistryError, trio.BrokenResourceError, trio.ClosedResourceError):
             # the log cannot be read, or the log actor has stopped (shutdown)
             log.warning("event subscription cannot follow the log", exc_info=True)
-            await self.close(CLOSE_INTERNAL, self._resume_reason("unavailable"))
+            await self.close(CLOSE_INTERNAL, self._resume("unavailable"))
         finally:
             sink.end()
 
     def _writer(self) -> Writer:
         if self.stream is not None:
-            return FrameWriter(self.stream, self.deps.logs.queue_size)
-        return TextWriter(self.outbox, self.deps.logs.queue_size)
+            return FrameWriter(self, self.stream, self.deps.logs.queue_size)
+        return TextWriter(self, self.deps.logs.queue_size)
 
     async def _replay(self, sink: EventSink) -> None:
         """Read the log after the position page by page, sending each (flow-controlled: the
@@ -347,8 +369,7 @@ class Connection:
                 continue
             deadline = writer.last_sent + heartbeat
             if trio.current_time() >= deadline:
-                await self.send_json({"type": "heartbeat", "lastSequence": self.position})
-                writer.last_sent = trio.current_time()
+                await writer.heartbeat(self)
                 continue
             with trio.move_on_at(deadline):
                 await sink.wait()
@@ -357,17 +378,11 @@ class Connection:
         return ended
 
     async def _flush(self, writer: Writer) -> None:
-        if isinstance(writer, TextWriter):
-            await writer.flush(self)  # `send` keeps the watchdog's time
-            return
-        self._send_since = trio.current_time()
         try:
-            await writer.flush(self)
+            await writer.flush(self)  # the watchdog sees a client that takes nothing
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             self._closed = True  # the client has gone (or was cut off): nothing more to send
             raise _Closed from None
-        finally:
-            self._send_since = None
 
     # --- admin-only kinds follow the session that allowed them ----------------------------
 
@@ -393,7 +408,7 @@ class Connection:
     async def _close_lapsed(self) -> NoReturn:
         """An admin-only event is next, but the session that allowed it has expired or been
         revoked: close with 4401 and the resume point (sign in again, resume from there)."""
-        await self.close(CLOSE_UNAUTHORIZED, self._resume_reason("session_invalid"))
+        await self.close(CLOSE_UNAUTHORIZED, self._resume("session_invalid"))
 
 
 MAX_BATCH = 256  # records in one batched frame
@@ -409,9 +424,11 @@ class Writer(Protocol):
         with the same filter)."""
         ...
 
-    def put(self, rendered: Any, count: int, at: float, *, bounded: bool) -> Delivery:
-        """Hand `count` events over without waiting: "ok", "slow" (more than the queue bound
-        not yet with the kernel, when `bounded`), or "gone" (the connection broke)."""
+    def put(self, rendered: Any, count: int, at: float, upto: int, *, bounded: bool) -> Delivery:
+        """Hand `count` events over without waiting, completing the connection's position
+        `upto` (every record up to it handed over or filtered out): "ok", "slow" (more than
+        the queue bound not yet with the kernel, when `bounded`: nothing handed over), or
+        "gone" (the connection broke)."""
         ...
 
     def busy(self) -> bool:
@@ -420,12 +437,17 @@ class Writer(Protocol):
 
     async def flush(self, connection: Connection) -> None: ...
 
+    async def heartbeat(self, connection: Connection) -> None:
+        """A heartbeat after everything handed over, reporting the position it follows."""
+        ...
+
 
 class FrameWriter:
     """The fast path (plain TCP served by Hypercorn, ws/transport.py): the frames of a batch
     are written with one non-blocking call, from the log actor's task."""
 
-    def __init__(self, stream: FrameStream, limit: int) -> None:
+    def __init__(self, connection: Connection, stream: FrameStream, limit: int) -> None:
+        self.connection = connection
         self.stream = stream
         self.limit = limit
         self.backlog = 0  # events handed over and not yet with the kernel (at most)
@@ -434,19 +456,23 @@ class FrameWriter:
     def render(self, texts: list[str]) -> bytes:
         return b"".join([text_frame(text.encode()) for text in texts])
 
-    def put(self, rendered: bytes, count: int, at: float, *, bounded: bool) -> Delivery:
-        if not self.stream.pending_bytes:
-            self.backlog = 0
-        elif bounded and self.backlog + count > self.limit:
-            return "slow"  # nothing of it handed over
-        try:
-            if self.stream.offer(rendered):
+    def put(self, rendered: bytes, count: int, at: float, upto: int, *, bounded: bool) -> Delivery:
+        if count:
+            if not self.stream.pending_bytes:
                 self.backlog = 0
-            else:
-                self.backlog += count
-        except trio.BrokenResourceError:
-            return "gone"
-        self.last_sent = at
+            elif bounded and self.backlog + count > self.limit:
+                return "slow"  # nothing of it handed over
+            try:
+                if self.stream.offer(rendered):
+                    self.backlog = 0
+                else:
+                    self.backlog += count
+            except trio.BrokenResourceError:
+                return "gone"
+            self.last_sent = at
+        # The bytes are with the kernel or first in the stream's queue: whatever the socket
+        # sends next comes after them.
+        self.connection.position = upto
         return "ok"
 
     def busy(self) -> bool:
@@ -456,23 +482,44 @@ class FrameWriter:
         await self.stream.flush()
         self.backlog = 0
 
+    async def heartbeat(self, connection: Connection) -> None:
+        # Rendered and handed over at once: no event can come between the two.
+        message = _json({"type": "heartbeat", "lastSequence": connection.position})
+        try:
+            self.stream.offer(text_frame(message.encode()))
+        except trio.BrokenResourceError:
+            connection._closed = True
+            raise _Closed from None
+        self.last_sent = trio.current_time()
+
 
 class TextWriter:
     """The ordinary path (TLS, HTTP/2, tests): one WebSocket message per event, sent by the
     subscription's task from the connection's bounded outbox."""
 
-    def __init__(self, outbox: deque[str], limit: int) -> None:
+    def __init__(self, connection: Connection, limit: int) -> None:
+        self.connection = connection
         self.limit = limit
-        self.queue = outbox
+        self.queue = connection.outbox
         self.last_sent = trio.current_time()
 
     def render(self, texts: list[str]) -> list[str]:
         return texts
 
-    def put(self, rendered: list[str], count: int, at: float, *, bounded: bool) -> Delivery:
-        if bounded and len(self.queue) + len(rendered) > self.limit:
+    def put(
+        self, rendered: list[str], count: int, at: float, upto: int, *, bounded: bool
+    ) -> Delivery:
+        queue, connection = self.queue, self.connection
+        if bounded and connection.waiting + len(rendered) > self.limit:
             return "slow"  # nothing of it handed over
-        self.queue.extend(rendered)
+        if not count and not queue:
+            connection.position = upto  # nothing waits: filtered out, done
+            return "ok"
+        connection.waiting += len(rendered)
+        # The batch's last entry completes `upto`; the ones before it move nothing (no message
+        # reports a position while events wait in the outbox).
+        queue.extend((text, None) for text in rendered[:-1])
+        queue.append((rendered[-1] if count else None, upto))
         return "ok"
 
     def busy(self) -> bool:
@@ -480,6 +527,12 @@ class TextWriter:
 
     async def flush(self, connection: Connection) -> None:
         await connection.send(None)
+        self.last_sent = trio.current_time()
+
+    async def heartbeat(self, connection: Connection) -> None:
+        await connection.send(
+            lambda: _json({"type": "heartbeat", "lastSequence": connection.position})
+        )
         self.last_sent = trio.current_time()
 
 
@@ -542,20 +595,18 @@ class EventSink:
         if rendered is None:
             texts = [r.event_json for r in records if r.public and self.admits.admits(r)]
             rendered = batch.memo[self.key] = (self.writer.render(self._frames(texts)), len(texts))
-        if rendered[1]:
-            outcome = self.writer.put(rendered[0], rendered[1], batch.at, bounded=bounded)
-            if outcome != "ok":
-                if outcome == "gone":
-                    self.ended = "gone"
-                return outcome
-        connection.position = records[-1].seq
-        return "ok"
+        outcome = self.writer.put(
+            rendered[0], rendered[1], batch.at, records[-1].seq, bounded=bounded
+        )
+        if outcome == "gone":
+            self.ended = "gone"
+        return outcome
 
     def _take_checked(self, batch: Batch, *, bounded: bool) -> Delivery:
         connection = self.connection
         texts: list[str] = []
         lapsed = False
-        upto = connection.position
+        upto: int | None = None
         for record in batch.records:
             connection._note_revocation(record)
             if record.public and self.admits.admits(record):
@@ -564,15 +615,14 @@ class EventSink:
                     break
                 texts.append(record.event_json)
             upto = record.seq
-        if texts:
+        if upto is not None:
             put = self.writer.put(
-                self.writer.render(self._frames(texts)), len(texts), batch.at, bounded=bounded
+                self.writer.render(self._frames(texts)), len(texts), batch.at, upto, bounded=bounded
             )
             if put != "ok":
                 if put == "gone":
                     self.ended = "gone"
                 return put
-        connection.position = upto
         if lapsed:
             self.ended = "lapsed"
             return "gone"
@@ -585,6 +635,10 @@ class EventSink:
             '{"type":"events","events":[' + ",".join(texts[i : i + MAX_BATCH]) + "]}"
             for i in range(0, len(texts), MAX_BATCH)
         ]
+
+
+def _json(message: dict[str, Any]) -> str:
+    return json.dumps(message, ensure_ascii=False, separators=(",", ":"))
 
 
 def _token(headers: Any, cookies: Any) -> str | None:
@@ -614,6 +668,8 @@ def register_events(app: QuartTrio, deps: EventDeps) -> None:
         connection = Connection(sock, deps)
         if websocket.http_version in ("1.0", "1.1"):  # not a stream of HTTP/2
             connection.stream = CURRENT_STREAM.get()
+            if connection.stream is not None:
+                connection.stream.websocket = True  # upgraded: its writes are frames now
         if deps.connections >= deps.config.max_connections:
             await sock.close(CLOSE_TRY_LATER, "too many event subscribers; try again later")
             return

@@ -43,7 +43,13 @@ def text_frame(payload: bytes) -> bytes:
 
 
 class FrameStream(trio.abc.HalfCloseableStream):
-    """A TCP connection that can also take bytes without waiting (`offer`)."""
+    """A TCP connection that can also take bytes without waiting (`offer`).
+
+    Every write, awaited or not, goes through one queue of pending chunks written with
+    non-blocking system calls, so a cancelled wait never leaves part of a frame behind: the
+    rest stays first in the queue. `stalled_since` is when the socket last refused more
+    bytes while some were waiting (None while it takes them): how long a client has taken
+    no data, whoever is writing."""
 
     def __init__(self, inner: trio.SocketStream) -> None:
         self._inner = inner
@@ -53,6 +59,9 @@ class FrameStream(trio.abc.HalfCloseableStream):
         self._lock = trio.Lock()  # held by whoever awaits a write
         self._closed = False
         self.broken = False
+        self.websocket = False  # upgraded: every write is now one WebSocket frame
+        self.sealed = False  # a close frame went out: nothing may follow it
+        self.stalled_since: float | None = None
 
     @property
     def socket(self) -> trio.socket.SocketType:
@@ -61,23 +70,32 @@ class FrameStream(trio.abc.HalfCloseableStream):
     def offer(self, data: bytes) -> bool:
         """Send `data` after everything sent or offered before it, without waiting. Returns
         whether all of it is with the kernel; what is not stays pending until `flush`.
-        Raises `trio.BrokenResourceError` if the connection is gone."""
-        if self._closed or self.broken:
+        Raises `trio.BrokenResourceError` if the connection is gone or has sent its close
+        frame."""
+        if self._closed or self.broken or self.sealed:
             raise trio.BrokenResourceError("the connection is closed")
         if self._pending or self._lock.locked():  # an awaited write is under way: queue behind
             self._queue(data)
             return False
-        try:
-            sent = os.write(self._fd, data)
-        except BlockingIOError:
-            sent = 0
-        except OSError as exc:  # reset, broken pipe: the client is gone
-            self.broken = True
-            raise trio.BrokenResourceError(str(exc)) from exc
+        sent = self._write(data)
         if sent == len(data):
             return True
         self._queue(memoryview(data)[sent:])
         return False
+
+    def _write(self, data: bytes | memoryview) -> int:
+        """As much of `data` as the kernel takes now (0 when it takes nothing)."""
+        try:
+            sent = os.write(self._fd, data)
+        except BlockingIOError:
+            if self.stalled_since is None:
+                self.stalled_since = trio.current_time()
+            return 0
+        except OSError as exc:  # reset, broken pipe: the client is gone
+            self.broken = True
+            raise trio.BrokenResourceError(str(exc)) from exc
+        self.stalled_since = None
+        return sent
 
     def _queue(self, data: bytes | memoryview) -> None:
         self._pending.append(data)
@@ -89,12 +107,21 @@ class FrameStream(trio.abc.HalfCloseableStream):
             await self._flush_locked()
 
     async def _flush_locked(self) -> None:
-        while self._pending:
-            chunk = self._pending.popleft()
-            self.pending_bytes -= len(chunk)
-            # Never cut a frame: a client that stops reading is cut off by `abort` instead.
-            with trio.CancelScope(shield=True):
-                await self._inner.send_all(chunk)
+        pending = self._pending
+        while pending:
+            if self._closed or self.broken:
+                raise trio.ClosedResourceError("the connection is closed")
+            chunk = pending[0]
+            sent = self._write(chunk)
+            self.pending_bytes -= sent
+            if sent == len(chunk):
+                pending.popleft()
+                continue
+            if sent:
+                pending[0] = memoryview(chunk)[sent:]
+            # Cancellable: what is not written stays first in the queue, whole or in part.
+            await trio.lowlevel.wait_writable(self._inner.socket)
+        await trio.lowlevel.checkpoint()
 
     def abort(self) -> None:
         """Drop the connection now: a write waiting for the client fails, and nothing more is
@@ -102,14 +129,18 @@ class FrameStream(trio.abc.HalfCloseableStream):
         self.broken = True
         self._pending.clear()
         self.pending_bytes = 0
-        self._inner.socket.close()
+        self._inner.socket.close()  # wakes a task waiting to write, with ClosedResourceError
 
     # --- trio.abc.HalfCloseableStream, as Hypercorn uses it ------------------------------
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        if self.sealed and data:
+            raise trio.ClosedResourceError("a close frame was sent")
+        if self.websocket and data[:1] == b"\x88":  # a close frame, Hypercorn's or ours:
+            self.sealed = True  # the event fan-out stops before it, not after
         async with self._lock:
+            self._queue(bytes(data))
             await self._flush_locked()
-            await self._inner.send_all(data)
 
     async def wait_send_all_might_not_block(self) -> None:
         await self._inner.wait_send_all_might_not_block()

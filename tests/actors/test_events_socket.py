@@ -436,6 +436,32 @@ async def test_a_stopping_server_closes_with_1001_and_the_resume_point(
 # --- subscriptions ---------------------------------------------------------------------------
 
 
+async def test_unsubscribing_while_an_event_is_on_its_way_loses_nothing(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # The forwarder is stopped while it waits to send event 1 to a client that is not
+    # reading: event 1 keeps its place and goes before `unsubscribed`, whose resume point
+    # counts exactly what was sent (events 2 and 3 too, if they were handed over already).
+    async with open_events() as events:
+        client = events.connect()
+        assert await client.subscribe(fromSequence=0) == 0
+        client.sock.stall()
+        await fill(events.store, 3)
+        await trio.testing.wait_all_tasks_blocked()  # the forwarder waits to send event 1
+        await client.sock.put({"type": "unsubscribe"})
+        await trio.testing.wait_all_tasks_blocked()
+        client.sock.resume()
+        sent = []
+        while (message := await client.sock.get())["type"] == "event":
+            sent.append(message["sequence"])
+        assert message["type"] == "unsubscribed"
+        assert sent[:1] == [1]
+        assert sent == list(range(1, message["lastSequence"] + 1))
+        assert await client.subscribe(fromSequence=message["lastSequence"]) == sent[-1]
+        await fill(events.store, 1)
+        assert await client.events(4 - sent[-1]) == list(range(sent[-1] + 1, 5))
+
+
 async def test_unsubscribe_and_resubscribe_on_one_socket(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

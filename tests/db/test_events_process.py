@@ -5,6 +5,7 @@ its resume point over a real socket, and the resume losing nothing."""
 from __future__ import annotations
 
 import json
+import math
 import secrets
 import socket
 from pathlib import Path
@@ -28,6 +29,7 @@ from tests.db.proc import run_server
 from tests.helpers import entry_template
 
 DEADLINE = 20
+SEND_BUFFER_MOST = int(Path("/proc/sys/net/ipv4/tcp_wmem").read_text().split()[2])
 
 
 def ws_url(http_url: str) -> str:
@@ -92,10 +94,12 @@ async def test_an_entry_written_through_one_process_reaches_a_subscriber_of_anot
 async def test_a_slow_consumer_is_closed_with_its_resume_point_and_resumes_without_loss(
     database_url: str, tmp_path: Path
 ) -> None:
-    # ~10 MB of events, more than the kernel holds for a client that stops reading (its
-    # receive buffer is 4 KB; the server's send buffer grows to at most 4 MB here): the
-    # server's own queue of 4 then overflows and it closes the socket with 4429.
-    burst, per_transaction, pad = 2_500, 500, "x" * 4_000
+    # More events than the kernel holds for a client that stops reading (its receive buffer
+    # is 4 KB; the server's send buffer grows to at most tcp_wmem's maximum): the server's own
+    # queue of 4 then overflows and it closes the socket with 4429.
+    per_transaction, pad = 500, "x" * 4_000
+    most = SEND_BUFFER_MOST
+    burst = per_transaction * math.ceil(2 * most / len(pad) / per_transaction)
     prefix = f"did:web:slow.test:{secrets.token_hex(4)}"
     env = {"REGISTRY_EVENTS__QUEUE_SIZE": "4"}
     with run_server(tmp_path, database_url=database_url, extra_env=env) as server:

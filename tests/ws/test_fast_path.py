@@ -57,6 +57,7 @@ class Peer:
         self.protocol = FrameProtocol(client=True, extensions=[])
         self.messages: list[dict[str, Any]] = []
         self.close: tuple[int, dict[str, Any]] | None = None
+        self.heartbeats: list[int] = []
         self._text = ""
 
     async def read(self, count: int) -> list[dict[str, Any]]:
@@ -76,14 +77,26 @@ class Peer:
                     elif frame.opcode is Opcode.CLOSE:
                         code, reason = frame.payload
                         assert isinstance(code, CloseReason | int)
-                        self.close = (int(code), json.loads(reason))
+                        self.close = (int(code), json.loads(reason) if reason else {})
         out, self.messages = self.messages[:count], self.messages[count:]
         return out
 
     async def events(self, count: int) -> list[int]:
-        messages = await self.read(count)
-        assert all(m["type"] == "event" for m in messages), messages
-        return [m["sequence"] for m in messages]
+        """The sequences of the next `count` events. Heartbeats between them are checked: each
+        reports the last event before it as the resume point."""
+        out: list[int] = []
+        while len(out) < count:
+            messages = await self.read(1)
+            if not messages:
+                break  # closed
+            message = messages[0]
+            if message["type"] == "heartbeat":
+                self.heartbeats.append(message["lastSequence"])
+                assert not out or message["lastSequence"] == out[-1], (message, out[-1])
+                continue
+            assert message["type"] == "event", message
+            out.append(message["sequence"])
+        return out
 
 
 @dataclass
@@ -92,6 +105,7 @@ class Served:
     sock: StreamSocket
     peer: Peer
     ended: trio.Event
+    scope: trio.CancelScope  # cancelling it is Quart cancelling the handler (a disconnect)
 
     async def put(self, message: dict[str, Any]) -> None:
         await self.sock.to_server.send(json.dumps(message))
@@ -114,15 +128,16 @@ async def open_fast(
             stream = FrameStream(trio.SocketStream(server))
             sock = StreamSocket(stream)
             connection = Connection(sock, deps, stream=stream)  # type: ignore[arg-type]
-            ended = trio.Event()
+            ended, scope = trio.Event(), trio.CancelScope()
 
             async def run() -> None:
-                await connection.run()
+                with scope:
+                    await connection.run()
                 ended.set()
 
             async with stream, trio.SocketStream(client) as peer_stream:
                 nursery.start_soon(run)
-                yield Served(connection, sock, Peer(peer_stream), ended)
+                yield Served(connection, sock, Peer(peer_stream), ended, scope)
 
         yield store, connect
         nursery.cancel_scope.cancel()
@@ -136,7 +151,7 @@ async def test_replay_then_live_arrive_as_frames_in_order_with_heartbeats_after_
         assert await served.peer.events(3) == [1, 2, 3]
         await fill(store, 600)  # more than a page of the log, live
         assert await served.peer.events(600) == list(range(4, 604))
-        heartbeat = (await served.peer.read(1))[0]
+        heartbeat = (await served.peer.read(1))[0]  # the quiet after the last event
         assert heartbeat == {"type": "heartbeat", "lastSequence": 603}
         assert served.connection.stream is not None
         assert served.connection.stream.pending_bytes == 0
@@ -180,3 +195,40 @@ async def test_a_client_that_reads_nothing_is_cut_off() -> None:
             await served.ended.wait()
         assert served.connection.stream is not None
         assert served.connection.stream.broken
+
+
+async def test_a_disconnect_while_the_client_takes_nothing_ends_the_connection_at_once() -> None:
+    # Quart cancels the handler when the client goes (FIN) or the server's graceful deadline
+    # passes; a write waiting for a client that reads nothing must not keep it alive.
+    async with open_fast(send_timeout_seconds=3600) as (store, connect), connect() as served:
+        await served.put({"type": "subscribe", "fromSequence": 0})
+        await served.peer.read(1)
+        await fill(store, 2000)  # far more than the socket holds
+        await trio.testing.wait_all_tasks_blocked()
+        stream = served.connection.stream
+        assert stream is not None
+        assert stream.pending_bytes > 0
+        served.scope.cancel()
+        with trio.fail_after(DEADLINE):
+            await served.ended.wait()
+        assert stream.broken  # cut off: Hypercorn will not wait for it either
+
+
+async def test_no_event_follows_a_close_frame_written_by_hypercorn() -> None:
+    # A client's close is answered by Hypercorn itself, through the same stream: from then on
+    # the fan-out finds the stream sealed, and the subscription ends without another frame.
+    async with open_fast() as (store, connect), connect() as served:
+        stream = served.connection.stream
+        assert stream is not None
+        stream.websocket = True
+        await served.put({"type": "subscribe", "fromSequence": 0})
+        await served.peer.read(1)
+        await fill(store, 2)
+        assert await served.peer.events(2) == [1, 2]
+        await stream.send_all(bytes((0x88, 2)) + (1000).to_bytes(2, "big"))  # Hypercorn's reply
+        await fill(store, 3)
+        with trio.fail_after(DEADLINE):
+            await served.ended.wait()
+        assert await served.peer.events(1) == []
+        assert served.peer.close is not None
+        assert served.peer.close[0] == 1000

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -14,6 +14,7 @@ import hypercorn.trio
 import pytest
 import trio
 from hypercorn.config import Config as HyperConfig
+from hypercorn.trio import run as hypercorn_worker
 from quart import websocket
 from quart_trio import QuartTrio
 from trio_websocket import open_websocket_url
@@ -135,9 +136,18 @@ async def test_an_offer_to_a_client_that_has_gone_is_refused() -> None:
             stream.offer(b"x" * 1000)  # the peer's end is closed: EPIPE at once
 
 
-async def test_hypercorn_serves_each_plain_connection_through_a_frame_stream() -> None:
+@pytest.fixture
+def hypercorn_with_frame_streams() -> Iterator[None]:
+    """The hook installed for one test (`serve` installs it for good in its process)."""
+    original = hypercorn_worker.TCPServer  # type: ignore[attr-defined]
     install_in_hypercorn()
     install_in_hypercorn()  # idempotent
+    yield
+    hypercorn_worker.TCPServer = original  # type: ignore[attr-defined]
+
+
+@pytest.mark.usefixtures("hypercorn_with_frame_streams")
+async def test_hypercorn_serves_each_plain_connection_through_a_frame_stream() -> None:
     app = QuartTrio(__name__)
 
     @app.websocket("/ws")
