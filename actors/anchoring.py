@@ -5,10 +5,13 @@ leadership (a PostgreSQL advisory lock on a connection of its own), so several `
 processes can share a database and only one anchors; if that connection is lost, the run ends
 (`Unavailable`) and the supervisor restarts, competing for the lock again. As leader it loops:
 
-1. **Resume** any open batch (claimed or submitted) from the store — after a crash, the batch
-   a previous run left is finished, never claimed again.
-2. Otherwise **claim** a batch: one change of the append path moves up to `batch_size` available
-   pending intents to `submitted` under a new batch id (the claim's log position).
+1. **Resume** the open batches (claimed or submitted) from the store — after a crash, the
+   batches a previous run left are finished, never claimed again.
+2. **Claim** a batch while fewer than `batches_in_flight` are open: one change of the append
+   path moves up to `batch_size` available pending intents to `submitted` under a new batch id
+   (the claim's log position). With batches already open, a new one is claimed right away only
+   if the last claim was full (more work waits), else once a block interval after it: each
+   block then carries what arrived meanwhile, never a crowd of tiny batches.
 3. **Submit** the batch's Merkle root (registry/merkle.py over the members' leaves, in sequence
    order) with the batch id as the chain's idempotency key, then record the transaction id. A
    crash between the two re-submits under the same key and gets the same transaction.
@@ -17,15 +20,21 @@ processes can share a database and only one anchors; if that connection is lost,
    `anchor.updated` event per intent; dropped or re-orged → back to `pending` after a jittered
    backoff, or `failed` once `max_attempts` submissions were used.
 
+Steps 3 and 4 run for every open batch, oldest first, so several batches wait for finality at
+once: with blocks every 2 s and finality depth 3 a batch takes about 8 s, and one batch at a time
+would anchor at most `batch_size` intents per 8 s.
+
 Every intent state change is a change of the one append path, compare-and-set on the intents'
 states: an admin who abandons an intent meanwhile makes the settle `Retry`, and the next loop
-settles the batch without it. Chain RPC failures and database outages back off with jitter.
+reads the open batches again and settles that one without it. Chain RPC failures and database
+outages back off with jitter.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
@@ -122,7 +131,12 @@ class _Supervisor:
         self.rand = rand
         self.handle = handle
         self.stats = handle.stats
-        self.current: tuple[OpenBatch, MerkleTree] | None = None
+        # The open batches and their trees, by batch id, kept between polls; read from the
+        # store again when `loaded` is False (at the start, and after an intent moved).
+        self.open: dict[int, tuple[OpenBatch, MerkleTree]] = {}
+        self.loaded = False
+        self.last_claim_at = -math.inf  # trio.current_time() of the last claim
+        self.last_claim_full = False
         # How long to wait before polling a submitted batch again: a fraction of a block.
         self.poll_seconds = min(config.block_interval_seconds / 4, 1.0)
 
@@ -155,13 +169,32 @@ class _Supervisor:
         return max(self.poll_seconds, 0.05) if interval else 0.05
 
     async def step(self) -> bool:
-        """One move of the oldest open batch, or a new claim; False when there was nothing to
-        do now (waiting for blocks or for intents)."""
-        if self.current is not None:  # the batch in hand, still open: no re-read per poll
-            return await self.advance(*self.current)
-        batches = await self.store.open_anchor_batches()
-        if batches:
-            return await self.advance(batches[0], await self.tree(batches[0]))
+        """One move of every open batch, then a new claim if one is due; False when there was
+        nothing to do now (waiting for blocks or for intents)."""
+        if not self.loaded:
+            for batch in await self.store.open_anchor_batches():
+                if batch.batch_id not in self.open:
+                    self.open[batch.batch_id] = (batch, await self.tree(batch))
+            self.loaded = True
+        busy = False
+        for batch_id in sorted(self.open):  # oldest first
+            held = self.open.get(batch_id)
+            if held is not None:
+                busy = await self.advance(*held) or busy
+        if self.may_claim():
+            busy = await self.claim() or busy
+        return busy
+
+    def may_claim(self) -> bool:
+        if not self.open:
+            return True
+        if len(self.open) >= self.config.batches_in_flight:
+            return False
+        waited = trio.current_time() - self.last_claim_at
+        return self.last_claim_full or waited >= self.config.block_interval_seconds
+
+    async def claim(self) -> bool:
+        """Claim a batch of the pending intents and submit it; False if there were none."""
         now = self.clock_ms()
         if not await self.store.anchor_pending(now):
             return False  # a plain read: claims (which take the log lock) only when there is work
@@ -177,8 +210,11 @@ class _Supervisor:
             return False  # nothing pending
         members = [Member(*m) for m in json.loads(outcome.unwrap())]
         self.stats.batches += 1
+        self.last_claim_at = trio.current_time()
+        self.last_claim_full = len(members) >= self.config.batch_size
         batch = OpenBatch(outcome.sequence, None, None, tuple((m, "submitted") for m in members))
-        return await self.advance(batch, await self.tree(batch))
+        await self.advance(batch, await self.tree(batch))
+        return True
 
     async def tree(self, batch: OpenBatch) -> MerkleTree:
         """The batch's tree; a large one is built in a worker thread, so that a leader that
@@ -190,9 +226,9 @@ class _Supervisor:
 
     async def advance(self, batch: OpenBatch, tree: MerkleTree) -> bool:
         """Submit the batch if it is not yet, poll it, and settle it once the chain decides.
-        The batch and its tree are kept between polls (`current`), and dropped when it is
-        settled or its intents moved (then it is read again)."""
-        self.current = (batch, tree)
+        The batch and its tree are kept between polls (`open`), and dropped when it is
+        settled or its intents moved (then the open batches are read again)."""
+        self.open[batch.batch_id] = (batch, tree)
         live = [m for m, state in batch.members if state == "submitted"]
         tx_id = batch.transaction_id
         if tx_id is None:
@@ -202,7 +238,7 @@ class _Supervisor:
             tx_id = await self.chain.submit(tree.root, key=key)
             await self.store.record_anchor_submission(batch.batch_id, tree.root, tx_id)
             batch = replace(batch, root=tree.root, transaction_id=tx_id)
-            self.current = (batch, tree)
+            self.open[batch.batch_id] = (batch, tree)
         status = await self.chain.status(tx_id)
         decision = settle(
             live,
@@ -216,10 +252,11 @@ class _Supervisor:
         if decision is None:
             return self.config.block_interval_seconds == 0  # instant blocks: poll again now
         outcome = await self.append(self.settle_change(batch.batch_id, live, decision), None)
-        self.current = None
+        del self.open[batch.batch_id]
         if outcome.refusal is not None:
             if outcome.refusal.kind == RETRY:
-                return True  # an intent moved meanwhile: read the batch again
+                self.loaded = False  # an intent moved meanwhile: read the batches again
+                return True
             raise Unavailable(f"anchoring: settle refused: {outcome.refusal.message}")
         if decision.outcome == "confirmed":
             self.stats.confirmed += len(live)

@@ -142,6 +142,8 @@ class AnchoringConfig(_Section):
     block_interval_seconds: Annotated[float, Field(ge=0)] = 2.0  # 0: a block per chain call
     finality_depth: Annotated[int, Field(ge=0)] = 3
     max_attempts: Annotated[int, Field(ge=1)] = 5
+    # Batches waiting for finality at once (each block can carry a new one).
+    batches_in_flight: Annotated[int, Field(ge=1, le=64)] = 8
 
 
 class PeerConfig(_Section):

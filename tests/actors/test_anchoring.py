@@ -152,6 +152,7 @@ async def open_rig(
     depth: int = 2,
     batch_size: int = 4,
     max_attempts: int = 5,
+    in_flight: int = 8,
     latency: float = 0.001,
     store: MemoryStore | None = None,
     journal: Path | None = None,
@@ -163,6 +164,7 @@ async def open_rig(
         block_interval_seconds=interval,
         finality_depth=depth,
         max_attempts=max_attempts,
+        batches_in_flight=in_flight,
     )
     store = store or MemoryStore(clock_ms=now_ms, latency=latency)
     async with trio.open_nursery() as nursery:
@@ -517,12 +519,86 @@ async def test_rpc_errors_back_off_and_lose_no_intent(
             assert handle.stats.chain_errors == 3
             assert handle.stats.last_error == "chain: injected RPC failure"
             await trio.sleep_until(2.7)
-            assert rig.chain.mempool == 1
+            assert rig.chain.mempool == 2  # batch 1 was full: batch 2 went right after it
             rig.chain.fail_next(6)  # and then some polls fail
             await wait_for_states(rig.store, intents, "confirmed")
         assert handle.stats.chain_errors == 9
         assert handle.stats.batches == 2
         assert [row.attempts for row in await rows(rig.store, intents)] == [1] * 5
+        await assert_anchored_once(rig, intents)
+        await assert_one_transaction_per_batch(rig, intents)
+
+
+# --- several batches in flight -----------------------------------------------------------------
+
+
+async def most_open_batches(store: MemoryStore, into: list[int]) -> None:
+    """Record how many batches are open, every tenth of a (virtual) second."""
+    while True:
+        into.append(len(await store.open_anchor_batches()))
+        await trio.sleep(0.1)
+
+
+@pytest.mark.parametrize(("in_flight", "finished_by"), [(1, 22.0), (4, 7.0), (8, 5.0)])
+async def test_several_batches_wait_for_finality_at_once(
+    autojump_clock: trio.testing.MockClock, in_flight: int, finished_by: float
+) -> None:
+    # 40 intents in batches of 4, a block a second, final 2 blocks later: one batch at a time
+    # takes about 3 s a batch; with several in flight the backlog goes in a few rounds.
+    async with open_rig(depth=2, batch_size=4, in_flight=in_flight) as rig:
+        intents = await publish(rig.store, 40)
+        handle = AnchoringHandle()
+        seen: list[int] = []
+        async with running(rig, handle), trio.open_nursery() as watching:
+            watching.start_soon(most_open_batches, rig.store, seen)
+            await wait_for_states(rig.store, intents, "confirmed")
+            finished = trio.current_time()
+            watching.cancel_scope.cancel()
+        assert max(seen) == in_flight  # full claims follow each other up to the bound
+        assert finished <= finished_by
+        if in_flight == 1:
+            assert finished >= 20.0  # the limit this lifts
+        assert batch_sizes(await rows(rig.store, intents)) == [4] * 10
+        assert handle.stats.batches == 10
+        await assert_anchored_once(rig, intents)
+        await assert_one_transaction_per_batch(rig, intents)
+
+
+async def test_a_trickle_of_intents_makes_one_batch_a_block_not_many_tiny_ones(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # An intent every 0.1 s for 5 s, batches of up to 256, a block a second: while batches are
+    # open a partial claim waits a block interval after the previous one.
+    async with open_rig(depth=2, batch_size=256) as rig:
+        handle = AnchoringHandle()
+        intents: list[Intent] = []
+        async with running(rig, handle):
+            for _ in range(50):
+                intents += await publish(rig.store, 1)
+                handle.nudge()
+                await trio.sleep(0.1)
+            await wait_for_states(rig.store, intents, "confirmed")
+        sizes = batch_sizes(await rows(rig.store, intents))
+        assert sum(sizes) == 50
+        assert len(sizes) <= 7  # about one a block (5 s of intents), never one per intent
+        await assert_anchored_once(rig, intents)
+        await assert_one_transaction_per_batch(rig, intents)
+
+
+async def test_a_restart_resumes_every_open_batch(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with open_rig(depth=3, batch_size=4) as rig:
+        intents = await publish(rig.store, 14)
+        async with running(rig, AnchoringHandle()):
+            await trio.sleep(0.5)  # all four claimed and submitted; none final yet
+        before = await rig.store.open_anchor_batches()
+        assert [len(b.members) for b in before] == [4, 4, 4, 2]
+        handle = AnchoringHandle()
+        async with running(rig, handle):
+            await wait_for_states(rig.store, intents, "confirmed")
+        assert handle.stats.batches == 0  # resumed, none claimed again
+        assert [row.attempts for row in await rows(rig.store, intents)] == [1] * 14
         await assert_anchored_once(rig, intents)
         await assert_one_transaction_per_batch(rig, intents)
 
@@ -611,8 +687,11 @@ async def test_a_batch_whose_intents_are_all_abandoned_settles_and_work_goes_on(
             for intent in intents[:3]:
                 assert (await rig.admin(intent, "submitted", "abandoned")).refusal is None
             await wait_for_states(rig.store, intents[3:], "confirmed")
+            with trio.fail_after(60):  # batch 1, all abandoned, settles too (a log record)
+                async with rig.store.listen_log() as wakeups:
+                    while await rig.store.open_anchor_batches():
+                        await wakeups.wait()
         assert {row.state for row in await rows(rig.store, intents[:3])} == {"abandoned"}
-        assert await rig.store.open_anchor_batches() == []
         assert (handle.stats.batches, handle.stats.confirmed) == (2, 2)
         await assert_anchored_once(rig, intents[3:])
 
@@ -750,7 +829,8 @@ async def test_a_database_outage_restarts_the_run_and_loses_nothing(
             await trio.sleep(10)
             assert stats.restarts >= 1
             assert stats.last_error is not None  # (a group of one Unavailable: is_known)
-            assert {row.state for row in await rows(rig.store, intents)} == {"submitted", "pending"}
+            # Both batches were claimed (the first was full, so the second right after it).
+            assert {row.state for row in await rows(rig.store, intents)} == {"submitted"}
             rig.store.fail_writes = False
             await wait_for_states(rig.store, intents, "confirmed")
             nursery.cancel_scope.cancel()
@@ -835,7 +915,8 @@ async def test_the_store_lists_intents_and_keeps_settled_batches_settled(
 async def test_one_leader_works_and_another_takes_over_a_lost_leadership(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async with open_rig(depth=2, batch_size=4) as rig:
+    # One batch at a time, so that the first leader leaves work for the second.
+    async with open_rig(depth=2, batch_size=4, in_flight=1) as rig:
         intents = await publish(rig.store, 12)
         first, second = AnchoringHandle(), AnchoringHandle()
         first_lost = trio.Event()
