@@ -2,7 +2,8 @@
 
 Theory of operation: the caches (entry heads, sessions, discovery pages) may serve only while
 every change committed in any process reaches them. The keeper subscribes to the log from its
-head at start and, record by record: an entry change drops that entry's head and the discovery
+head at start and, record by record: an entry change drops that entry's head (synchronously, in
+the log actor's task, through `Caches.observe`, before any event goes out) and the discovery
 pages it can move (the database says which full-text pages, for up to
 `CHANGES_CHECKED_AT_ONCE` changes read together; a larger backlog clears the pages); a
 `session.revoked` drops that session. The caches are enabled only while the subscription is
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Sequence
 
 import trio
 
@@ -53,6 +55,12 @@ class Caches:
     @property
     def enabled(self) -> bool:
         return self.entries.enabled
+
+    def observe(self, records: Sequence[LogRecord]) -> None:
+        """Drop what `records` changed from the entry and session caches, at once (the log
+        actor calls this before it hands the records to any subscriber)."""
+        for record in records:
+            _drop_changed(record, self)
 
 
 async def run_cache_keeper(
@@ -119,19 +127,26 @@ async def _apply(subscription: Subscription, store: Store, caches: Caches) -> No
 
 
 async def _changed(records: list[LogRecord], store: Store, caches: Caches) -> None:
-    changes: list[tuple[int, str]] = []
-    for record in records:
-        if record.kind == "session.revoked":
-            caches.sessions.invalidate(bytes.fromhex(str(record.data["tokenHash"])))
-        elif record.kind.startswith("entry.") and record.entry_did is not None:
-            caches.entries.invalidate(record.entry_did)
-            changes.append((record.seq, record.entry_did))
-        elif record.entry_did is not None and (
-            record.kind.startswith("attestation.") or record.kind == "anchor.updated"
-        ):
-            caches.entries.invalidate(record.entry_did)  # what the entry serves changed
+    # The entry and session caches dropped these records' changes already: the log actor calls
+    # `Caches.observe` with every batch it reads, before any subscriber (this one included)
+    # gets it; records this keeper replays from the store predate its live state, and caches
+    # are cleared when they go live. What is left is the discovery pages.
+    changes = [
+        (record.seq, record.entry_did)
+        for record in records
+        if record.kind.startswith("entry.") and record.entry_did is not None
+    ]
     if changes:
         await _drop_moved_pages(store, caches.results, changes)
+
+
+def _drop_changed(record: LogRecord, caches: Caches) -> None:
+    if record.kind == "session.revoked":
+        caches.sessions.invalidate(bytes.fromhex(str(record.data["tokenHash"])))
+    elif record.entry_did is not None and (
+        record.kind.startswith(("entry.", "attestation.")) or record.kind == "anchor.updated"
+    ):
+        caches.entries.invalidate(record.entry_did)  # what the entry serves changed
 
 
 async def _drop_moved_pages(

@@ -31,7 +31,7 @@ import contextlib
 import itertools
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -275,6 +275,7 @@ class _State:
     head: int
     ring: deque[LogRecord] = field(default_factory=lambda: deque(maxlen=RING))
     subscribers: list[_Subscriber] = field(default_factory=list)
+    observers: Sequence[Callable[[Sequence[LogRecord]], None]] = ()
 
 
 async def run_log(
@@ -283,15 +284,18 @@ async def run_log(
     queue_size: int = 1024,
     poll_seconds: float = 5.0,
     coalesce_seconds: float = 0.0,
+    observers: Sequence[Callable[[Sequence[LogRecord]], None]] = (),
     task_status: trio.TaskStatus[LogHandle] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """The actor: started with `nursery.start`, it reports its handle once the log head is known.
 
     Each connection of the actor runs under the supervisor (restarted after a lost LISTEN).
-    `coalesce_seconds` is the least time between two reads of the log."""
+    `coalesce_seconds` is the least time between two reads of the log. `observers` see every
+    batch read, synchronously, before any subscriber does (the caches drop what it changed,
+    so that a GET after an event shows the change)."""
     send, inbox = trio.open_memory_channel[_Attach | _Wake](1024)
     stats = LogStats()
-    state = _State(head=await store.log_head())
+    state = _State(head=await store.log_head(), observers=observers)
     stats.head = state.head
     async with inbox, send.clone() as wake:
         task_status.started(LogHandle(store, send, stats, queue_size))
@@ -368,6 +372,8 @@ async def _read(store: Store, state: _State, stats: LogStats) -> None:
 
 def _fan_out(state: _State, stats: LogStats, records: Sequence[LogRecord]) -> None:
     """Hand `records` (consecutive) to every live sink, each from where it stands."""
+    for observe in state.observers:
+        observe(records)
     first, last = records[0].seq, records[-1].seq
     batch = Batch(records, trio.current_time())
     kept: list[_Subscriber] = []

@@ -76,16 +76,17 @@ async def open_service(
     limits = config.limits
     async with trio.open_nursery() as nursery:
         writer: Writer = await nursery.start(run_writer, store)
+        caches = Caches(discover_capacity=limits.discover_cache_entries)
         logs: LogHandle = await nursery.start(
             lambda task_status: run_log(
                 store,
                 queue_size=config.events.queue_size,
                 poll_seconds=config.events.poll_seconds,
                 coalesce_seconds=config.events.coalesce_seconds,
+                observers=[caches.observe],  # before any event goes out
                 task_status=task_status,
             )
         )
-        caches = Caches(discover_capacity=limits.discover_cache_entries)
         await nursery.start(run_cache_keeper, logs, store, caches)
         rates = {
             "read": Rate(limits.read_per_minute),

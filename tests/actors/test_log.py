@@ -326,3 +326,35 @@ async def test_statistics_follow_the_head_the_subscribers_and_the_drops(
         stats = logs.statistics()
         assert (stats.head, stats.subscribers, stats.dropped_slow) == (7, 0, 1)
         assert await logs.head() == 7
+
+
+async def test_observers_see_every_batch_before_any_sink(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # The caches drop what a record changed before the event's frame can be written: a
+    # subscriber that reacts to an event reads the change.
+    store = MemoryStore()
+    observed: list[int] = []
+    early: list[int] = []  # records a sink got before the observer had seen them
+
+    class Recorder:
+        capacity = 1000
+
+        def deliver(self, batch: log_actor.Batch) -> log_actor.Delivery:
+            early.extend(r.seq for r in batch.records if r.seq not in observed)
+            return "ok"
+
+        def disconnected(self) -> None:
+            raise AssertionError("not in this test")
+
+    async with trio.open_nursery() as nursery:
+        logs: LogHandle = await nursery.start(
+            partial(run_log, store, observers=[lambda rs: observed.extend(r.seq for r in rs)])
+        )
+        assert await logs.attach(0, Recorder())
+        for _ in range(20):
+            await fill(store, 3)
+            await trio.testing.wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+    assert observed == list(range(1, 61))
+    assert early == []

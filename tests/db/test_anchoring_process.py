@@ -44,8 +44,10 @@ ANCHORING_ENV = {
     "REGISTRY_ANCHORING__ENABLED": "true",
     "REGISTRY_ANCHORING__BLOCK_INTERVAL_SECONDS": str(BLOCK_SECONDS),
     "REGISTRY_ANCHORING__FINALITY_DEPTH": "2",
-    # Small batches: anchoring 30 entries takes several batches, so a kill lands mid-way.
+    # Small batches, two at a time: anchoring 30 entries takes several rounds of blocks, so a
+    # kill lands mid-way, with batches open (all of them are resumed).
     "REGISTRY_ANCHORING__BATCH_SIZE": "4",
+    "REGISTRY_ANCHORING__BATCHES_IN_FLIGHT": "2",
 }
 LEADER_LINE = "this process is the anchoring leader"
 POLL = 0.05
