@@ -181,7 +181,7 @@ class _Supervisor:
             held = self.open.get(batch_id)
             if held is not None:
                 busy = await self.advance(*held) or busy
-        if self.may_claim():
+        if self.loaded and self.may_claim():  # (after a refused settle: once read again)
             busy = await self.claim() or busy
         return busy
 

@@ -14,6 +14,7 @@ might have missed a change.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 from collections.abc import Sequence
@@ -142,7 +143,10 @@ async def _changed(records: list[LogRecord], store: Store, caches: Caches) -> No
 
 def _drop_changed(record: LogRecord, caches: Caches) -> None:
     if record.kind == "session.revoked":
-        caches.sessions.invalidate(bytes.fromhex(str(record.data["tokenHash"])))
+        token_hash = record.data.get("tokenHash")
+        if isinstance(token_hash, str):  # always, as logout writes it; never fatal here
+            with contextlib.suppress(ValueError):
+                caches.sessions.invalidate(bytes.fromhex(token_hash))
     elif record.entry_did is not None and (
         record.kind.startswith(("entry.", "attestation.")) or record.kind == "anchor.updated"
     ):

@@ -229,11 +229,13 @@ class LogHandle:
         requests: trio.MemorySendChannel[_Attach | _Wake],
         stats: LogStats,
         queue_size: int,
+        observers: Sequence[Callable[[Sequence[LogRecord]], None]] = (),
     ) -> None:
         self.store = store
         self._requests = requests
         self._stats = stats
         self.queue_size = queue_size
+        self._observers = observers
 
     @asynccontextmanager
     async def subscribe(
@@ -252,8 +254,14 @@ class LogHandle:
         return await self.store.log_head()
 
     async def read(self, after: int) -> Sequence[LogRecord]:
-        """Up to `PAGE` records after `after`, from the store (a replay's page)."""
-        return await self.store.log_after(after, PAGE)
+        """Up to `PAGE` records after `after`, from the store (a replay's page). Records the
+        actor has not read yet are shown to the observers first, as the actor would."""
+        records = await self.store.log_after(after, PAGE)
+        if records and records[-1].seq > self._stats.head and self._observers:
+            ahead = [r for r in records if r.seq > self._stats.head]
+            for observe in self._observers:
+                observe(ahead)
+        return records
 
     async def attach(self, after: int, sink: Sink) -> bool:
         """Make `sink` live after sequence `after` (the last record its subscriber has): from
@@ -298,7 +306,7 @@ async def run_log(
     state = _State(head=await store.log_head(), observers=observers)
     stats.head = state.head
     async with inbox, send.clone() as wake:
-        task_status.started(LogHandle(store, send, stats, queue_size))
+        task_status.started(LogHandle(store, send, stats, queue_size, observers))
         await supervise(
             "log",
             lambda: _connected(store, state, stats, inbox, wake, poll_seconds, coalesce_seconds),

@@ -358,3 +358,30 @@ async def test_observers_see_every_batch_before_any_sink(
         nursery.cancel_scope.cancel()
     assert observed == list(range(1, 61))
     assert early == []
+
+
+async def test_a_replay_shows_records_the_actor_has_not_read_to_the_observers_first(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # A subscription that replays a record committed a moment ago, before the actor read it:
+    # the observers still see it before the subscriber does.
+    store = MemoryStore()
+    observed: list[int] = []
+    async with trio.open_nursery() as nursery:
+        logs: LogHandle = await nursery.start(
+            partial(
+                run_log,
+                store,
+                coalesce_seconds=1.0,
+                observers=[lambda rs: observed.extend(r.seq for r in rs)],
+            )
+        )
+        await fill(store, 1)
+        await trio.testing.wait_all_tasks_blocked()
+        assert observed == [1]
+        await fill(store, 1)  # the actor waits a second before it reads again
+        async with logs.subscribe(1) as subscription:
+            assert (await subscription.receive()).seq == 2
+            assert observed[:2] == [1, 2]  # shown by the replay, not yet read by the actor
+            assert logs.statistics().head == 1
+        nursery.cancel_scope.cancel()
