@@ -8,7 +8,8 @@ from werkzeug.exceptions import HTTPException
 
 from api import anchors, auth, discover, entries, federation, ops, transfers, trust
 from api.errors import error_response
-from api.http import Deps, new_request_id
+from api.framing import with_framing_checks
+from api.http import Deps, fresh_request_id, new_request_id
 from registry.errors import Invalid, MethodNotAllowed, NotFound, RegistryError, TooLarge
 
 
@@ -60,4 +61,5 @@ def create_app(dependencies: Deps) -> QuartTrio:
     async def unexpected(exc: Exception) -> Response:
         return error_response(exc, new_request_id())
 
+    app.asgi_app = with_framing_checks(app.asgi_app, fresh_request_id)  # type: ignore[method-assign, assignment]
     return app

@@ -98,12 +98,16 @@ _ID_PREFIX = secrets.token_hex(4)  # per process: ids are unique across a deploy
 _ID_COUNTER = itertools.count(1)
 
 
+def fresh_request_id() -> str:
+    return f"{_ID_PREFIX}{next(_ID_COUNTER):08x}"
+
+
 def new_request_id() -> str:
     headers = request.headers if has_request_context() else websocket.headers
     supplied = headers.get("X-Request-Id", "")
     if supplied and _REQUEST_ID.match(supplied):
         return supplied
-    return f"{_ID_PREFIX}{next(_ID_COUNTER):08x}"
+    return fresh_request_id()
 
 
 def client_address(config: Config) -> str:

@@ -63,10 +63,18 @@ def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return obj
 
 
+# Digits are bounded before any conversion: `int()` of a literal over 4,300 digits raises (and
+# is quadratic below that), `float()` of a long one is slow. 2^53 - 1 has 16 digits; no double
+# needs more than 17 significant digits to round-trip, so these bounds refuse nothing exact.
+_MAX_INT_LITERAL = len(str(-MAX_SAFE_INTEGER))  # 17: a sign and 16 digits
+_MAX_FLOAT_LITERAL = 400
+
+
 def _parse_int(literal: str) -> int:
-    value = int(literal)
-    if -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER:
-        return value
+    if len(literal) <= _MAX_INT_LITERAL:
+        value = int(literal)
+        if -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER:
+            return value
     raise _Rejected(
         "unsafe_integer",
         f"integer {literal[:40]} is outside ±(2^53-1) and cannot be signed exactly",
@@ -74,6 +82,11 @@ def _parse_int(literal: str) -> int:
 
 
 def _parse_float(literal: str) -> float:
+    if len(literal) > _MAX_FLOAT_LITERAL:
+        raise _Rejected(
+            "number_out_of_range",
+            f"number {literal[:40]}... has more than {_MAX_FLOAT_LITERAL} characters",
+        )
     value = float(literal)
     if math.isinf(value):
         raise _Rejected("number_out_of_range", f"number {literal[:40]} overflows a double")

@@ -49,6 +49,13 @@ class ServerConfig(_Section):
     key_file: str = ""
     trusted_proxies: int = 0  # how many X-Forwarded-For hops to trust for client addresses
     graceful_timeout_seconds: Annotated[float, Field(ge=0, le=600)] = 10.0
+    # Connections (docs/limits.md): caps and timeouts that hold whatever a client sends.
+    max_connections: Annotated[int, Field(ge=1)] = 4096  # lowered to the file limit at start
+    max_connections_per_client: Annotated[int, Field(ge=1)] = 128  # per address (IPv6: /64)
+    request_timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = 30.0  # head and body
+    read_timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = 10.0  # gap within a request
+    send_timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = 30.0  # client takes nothing
+    keep_alive_timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = 75.0  # between requests
 
     @property
     def key_path(self) -> Path:
@@ -203,6 +210,11 @@ class EventsConfig(_Section):
     idle_seconds: Annotated[float, Field(gt=0)] = 60.0  # close a socket with no subscription
     send_timeout_seconds: Annotated[float, Field(gt=0)] = 30.0  # a client that takes no data
     max_connections: Annotated[int, Field(ge=1)] = 10_000
+    max_connections_per_client: Annotated[int, Field(ge=1)] = 32  # sockets per client address
+    # Subscriptions that start behind the log head (a replay reads the store), per client
+    # address: a token bucket of this many a minute, the same number as its burst.
+    replays_per_minute: Annotated[int, Field(ge=1)] = 30
+    replay_concurrency: Annotated[int, Field(ge=1, le=1000)] = 4  # pages read at once, per process
     max_message_bytes: Annotated[int, Field(ge=256)] = 16 * 1024  # a client message
     messages_per_minute: Annotated[int, Field(ge=1)] = 120  # client messages per socket
     poll_seconds: Annotated[float, Field(gt=0)] = 5.0  # read the log anyway after this silence

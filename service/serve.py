@@ -13,6 +13,7 @@ import fcntl
 import gc
 import logging
 import os
+import resource
 import signal
 from collections.abc import Callable, Iterator
 from contextlib import AsyncExitStack, contextmanager
@@ -31,7 +32,7 @@ from registry.store.embedded import EmbeddedPostgres
 from registry.store.migrate import migrate
 from registry.store.pg import open_pg_store
 from service.wiring import Service, open_service
-from ws.transport import install_in_hypercorn
+from ws.transport import GUARD_ATTRIBUTE, ConnectionGuard, ConnectionLimits, install_in_hypercorn
 
 log = logging.getLogger("registry")
 
@@ -72,14 +73,60 @@ def _own_data_dir(data_dir: Path) -> Iterator[None]:
         handle.close()  # releases the lock
 
 
-def _hypercorn_config(config: Config) -> HyperConfig:
+FILES_RESERVED = 256  # descriptors kept for the database pool, logs, the embedded cluster
+
+
+def raise_file_limit() -> int:
+    """Raise the soft limit on open files to the hard limit; return the soft limit in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            log.info("open files limit raised from %d to %d", soft, hard)
+            soft = hard
+        except (ValueError, OSError) as exc:
+            log.warning("open files limit stays at %d (hard %d): %s", soft, hard, exc)
+    elif hard == resource.RLIM_INFINITY:
+        soft = max(soft, 1 << 20)
+    return soft
+
+
+def connection_limits(config: Config, file_limit: int) -> ConnectionLimits:
+    """The configured connection bounds, the total kept below the file limit (each connection
+    is one descriptor: past the limit `accept` fails for everyone, health checks included)."""
+    server = config.server
+    room = max(16, file_limit - FILES_RESERVED)
+    total = min(server.max_connections, room)
+    if total < server.max_connections:
+        log.warning(
+            "server.max_connections lowered from %d to %d (open files limit %d)",
+            server.max_connections,
+            total,
+            file_limit,
+        )
+    return ConnectionLimits(
+        max_connections=total,
+        max_per_client=min(server.max_connections_per_client, total),
+        request_timeout=server.request_timeout_seconds,
+        read_timeout=server.read_timeout_seconds,
+        send_timeout=server.send_timeout_seconds,
+        max_ws_message=config.events.max_message_bytes,
+        ws_control_per_minute=config.events.messages_per_minute,
+    )
+
+
+def _hypercorn_config(config: Config, guard: ConnectionGuard) -> HyperConfig:
     hconfig = HyperConfig()
     hconfig.bind = [f"{config.server.host}:{config.server.port}"]
     hconfig.graceful_timeout = config.server.graceful_timeout_seconds
     hconfig.accesslog = None
     hconfig.errorlog = logging.getLogger("hypercorn.error")
-    hconfig.keep_alive_timeout = 75
+    hconfig.keep_alive_timeout = config.server.keep_alive_timeout_seconds
     hconfig.include_server_header = False
+    hconfig.backlog = 1024  # connections the kernel queues before accept (a burst, not a cap)
+    # The guard refuses an oversized message from its header; this is the second line.
+    hconfig.websocket_max_message_size = config.events.max_message_bytes
+    setattr(hconfig, GUARD_ATTRIBUTE, guard)
     return hconfig
 
 
@@ -126,6 +173,7 @@ async def serve(
     data_dir.mkdir(parents=True, exist_ok=True)
     key, created = load_or_create_key(config.server.key_path)
     log.info("registry DID %s (%s)", key.did, "new key" if created else config.server.key_path)
+    guard = ConnectionGuard(connection_limits(config, raise_file_limit()))
 
     async with trio_asyncio.open_loop(), AsyncExitStack() as stack:
         dsn = config.database.url
@@ -163,7 +211,7 @@ async def serve(
                 try:
                     await hypercorn.trio.serve(
                         app,
-                        _hypercorn_config(config),
+                        _hypercorn_config(config, guard),
                         shutdown_trigger=stop.wait,
                         task_status=task_status,
                     )

@@ -92,6 +92,7 @@ async def open_service(
             "read": Rate(limits.read_per_minute),
             "write": Rate(limits.write_per_minute),
             "query": Rate(limits.query_per_minute),
+            "replay": Rate(config.events.replays_per_minute),  # event replays, per address
         }
         limiter: RateLimiter = await nursery.start(run_rate_limiter, rates)
         # Housekeeping: any failure of a pass is retried later (never worth stopping the service).
@@ -201,6 +202,8 @@ async def open_service(
                 sessions=sessions,
                 config=config.events,
                 stopping=stopping if stopping is not None else trio.Event(),
+                limiter=limiter,
+                trusted_proxies=config.server.trusted_proxies,
             ),
         )
         yield Service(

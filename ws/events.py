@@ -40,10 +40,11 @@ from quart import websocket
 from quart_trio import QuartTrio
 
 from actors.log import PAGE, Batch, Delivery, LogHandle
+from actors.ratelimiter import RateLimiter
 from registry.canonical import parse_strict
 from registry.changes import LogRecord
 from registry.config import EventsConfig
-from registry.errors import Invalid, RegistryError, Unauthorized
+from registry.errors import Invalid, RateLimited, RegistryError, Unauthorized
 from registry.events import ADMIN_KINDS, AuthMessage, Filter, SubscribeRequest
 from registry.models import validate_model
 from registry.ratelimit import Bucket, Rate, take
@@ -80,6 +81,14 @@ class EventDeps:
     stopping: trio.Event = field(default_factory=trio.Event)  # set when the server stops
     connections: int = 0
     clock_ms: Callable[[], int] = now_ms  # wall time, against which sessions expire
+    limiter: RateLimiter | None = None  # its "replay" class: replays per client address
+    trusted_proxies: int = 0  # X-Forwarded-For hops trusted for the client address
+    per_client: dict[str, int] = field(default_factory=dict)  # open sockets per address
+    replaying: trio.CapacityLimiter | None = None  # replay pages read at once (the process)
+
+    def __post_init__(self) -> None:
+        if self.replaying is None:
+            self.replaying = trio.CapacityLimiter(self.config.replay_concurrency)
 
 
 class _Closed(Exception):
@@ -108,6 +117,7 @@ class Connection:
     outbox: deque[tuple[str | None, int | None]] = field(default_factory=deque)
     waiting: int = 0  # messages in the outbox not yet being sent (what the queue bound counts)
     _budget: Bucket | None = None  # the client's messages (`messages_per_minute`)
+    client: str = ""  # the client's address, for its per-address budgets
 
     async def run(self) -> None:
         try:
@@ -284,6 +294,16 @@ class Connection:
         after = request.from_sequence
         if after is None:
             after = await self.deps.logs.head()
+        elif self.deps.limiter is not None and after < await self.deps.logs.head():
+            # A replay reads the store: each client address has a budget of them.
+            decision = self.deps.limiter.acquire("replay", self.client)
+            if not decision.allowed:
+                raise RateLimited(
+                    "too many replays from this address; subscribe without fromSequence, or later",
+                    retry_after=decision.retry_after,
+                    limit=decision.limit,
+                    code="replay_rate_limited",
+                )
         assert self._nursery is not None
         self._forwarder = trio.CancelScope()
         self._forwarder_done = trio.Event()
@@ -349,7 +369,9 @@ class Connection:
         logs = self.deps.logs
         while True:
             assert self.position is not None
-            records = await logs.read(self.position)
+            assert self.deps.replaying is not None
+            async with self.deps.replaying:  # a few pages at once: the pool serves others too
+                records = await logs.read(self.position)
             if records:
                 sink.replay(Batch(records, trio.current_time()))
                 await self._flush(sink.writer)
@@ -641,6 +663,16 @@ def _json(message: dict[str, Any]) -> str:
     return json.dumps(message, ensure_ascii=False, separators=(",", ":"))
 
 
+def _client_address(trusted_proxies: int) -> str:
+    """The client's address, as `api.http.client_address` reads it for HTTP requests."""
+    if trusted_proxies:
+        header = websocket.headers.get("X-Forwarded-For", "")
+        forwarded = [p.strip() for p in header.split(",") if p.strip()]
+        if len(forwarded) >= trusted_proxies:
+            return forwarded[-trusted_proxies]
+    return websocket.remote_addr or "unknown"
+
+
 def _token(headers: Any, cookies: Any) -> str | None:
     header = headers.get("Authorization")
     if header:
@@ -673,7 +705,12 @@ def register_events(app: QuartTrio, deps: EventDeps) -> None:
         if deps.connections >= deps.config.max_connections:
             await sock.close(CLOSE_TRY_LATER, "too many event subscribers; try again later")
             return
+        client = connection.client = _client_address(deps.trusted_proxies)
+        if deps.per_client.get(client, 0) >= deps.config.max_connections_per_client:
+            await sock.close(CLOSE_TRY_LATER, "too many event sockets from this address")
+            return
         deps.connections += 1
+        deps.per_client[client] = deps.per_client.get(client, 0) + 1
         try:
             token = _token(websocket.headers, websocket.cookies)
             if token is not None:
@@ -685,3 +722,8 @@ def register_events(app: QuartTrio, deps: EventDeps) -> None:
             await connection.run()
         finally:
             deps.connections -= 1
+            left = deps.per_client[client] - 1
+            if left:
+                deps.per_client[client] = left
+            else:
+                del deps.per_client[client]

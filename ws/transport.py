@@ -13,6 +13,22 @@ were produced and a frame is never cut by another. `offer` writes now what the k
 keeps the rest pending; the subscriber's own task flushes it (`flush`), and a client that takes
 nothing is cut off by `abort`, which also ends a write that is waiting for it.
 
+The same wrapper is where a connection is bounded (docs/limits.md, "Connections"), because it is
+the one place that sees every byte of it, whatever Hypercorn or the app does:
+- `ConnectionGuard` admits a connection only under the process's total cap and its client
+  address's cap (IPv6 by /64); one refused gets a canned 503 and is closed at once.
+- Reading: the head and body of a request must arrive within `request_timeout` of its first
+  byte, with no gap longer than `read_timeout` (a slow body is cut, not only a slow head);
+  between requests Hypercorn's keep-alive timeout applies. After the upgrade, the client's
+  WebSocket frame headers are parsed as they arrive: a message whose declared size passes
+  `max_ws_message`, or a flood of control frames, is refused with a close frame (1009, 1008)
+  before any of its payload is buffered.
+- Writing: a write the client takes nothing of for `send_timeout` cuts the connection, whoever
+  writes (a response to a client that never reads, the pongs of a ping flood).
+- Closing never waits: Hypercorn closes a `Connection: close` connection from the app's task,
+  which Quart-Trio cancels right after the response, so a close that waited at a checkpoint
+  would leave the socket open until the client let go.
+
 `install_in_hypercorn` makes Hypercorn's trio worker wrap every plain TCP connection this way
 and publish the wrapper in `CURRENT_STREAM` for the tasks that serve it. Hypercorn has no public
 hook for this: it replaces the worker's `TCPServer` with a subclass (checked against the pinned
@@ -22,12 +38,22 @@ subscribers take the ordinary path, one ASGI message per event.
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
+import logging
+import math
 import os
+import socket as stdlib_socket
 from collections import deque
 from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any
 
 import trio
+
+from registry.ratelimit import Bucket, Rate, take
+
+log = logging.getLogger(__name__)
 
 CURRENT_STREAM: ContextVar[FrameStream | None] = ContextVar("registry_frame_stream", default=None)
 
@@ -42,6 +68,163 @@ def text_frame(payload: bytes) -> bytes:
     return bytes((0x81, 127)) + size.to_bytes(8, "big") + payload
 
 
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """How far one connection may go (`[server]` and `[events]` configuration)."""
+
+    max_connections: int = 4096  # open connections per process
+    max_per_client: int = 128  # open connections per client address (IPv6: per /64)
+    request_timeout: float = 30.0  # head and body of one request, from its first byte
+    read_timeout: float = 10.0  # within a request, the longest wait for the next byte
+    send_timeout: float = 30.0  # a write the client takes nothing of, this long, cuts it
+    max_ws_message: int = 16 * 1024  # a client's WebSocket message (all its fragments)
+    ws_control_per_minute: int = 120  # client pings and pongs (a token bucket)
+    linger_seconds: float = 2.0  # after a refusal, read and drop what the client still sends
+
+
+def client_key(host: str) -> str:
+    """The address a connection counts against: the IP itself, or an IPv6 address's /64 (one
+    host is given a /64 and picks any address in it)."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        return str(ipaddress.IPv6Network((address, 64), strict=False))
+    return str(address)
+
+
+class ConnectionGuard:
+    """Counts the process's open connections, in all and per client address; owned by the
+    Hypercorn worker's tasks (one Trio thread: each call is atomic, no await inside)."""
+
+    def __init__(self, limits: ConnectionLimits) -> None:
+        self.limits = limits
+        self._open: dict[str, int] = {}
+        self.total = 0
+        self.refused = 0
+        self._last_warning = -math.inf
+
+    def admit(self, key: str) -> str | None:
+        """Count a new connection of `key`, or say why it is refused (and count nothing)."""
+        if self.total >= self.limits.max_connections:
+            return self._refuse(key, "the server has too many open connections")
+        if self._open.get(key, 0) >= self.limits.max_per_client:
+            return self._refuse(key, "too many open connections from this address")
+        self._open[key] = self._open.get(key, 0) + 1
+        self.total += 1
+        return None
+
+    def release(self, key: str) -> None:
+        left = self._open[key] - 1
+        if left:
+            self._open[key] = left
+        else:
+            del self._open[key]
+        self.total -= 1
+
+    def _refuse(self, key: str, reason: str) -> str:
+        self.refused += 1
+        now = trio.current_time()
+        if now - self._last_warning >= 10:  # a flood must not become a flood of log lines
+            self._last_warning = now
+            log.warning(
+                "refusing connections: %s (%s; %d refused so far)", reason, key, self.refused
+            )
+        return reason
+
+    def statistics(self) -> dict[str, int]:
+        return {"open": self.total, "clients": len(self._open), "refused": self.refused}
+
+
+def _refusal(reason: str) -> bytes:
+    body = (
+        '{"error":{"code":"too_many_connections","message":"' + reason + '","requestId":"-"}}'
+    ).encode()
+    head = (
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\nretry-after: 1\r\nconnection: close\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+def close_frame(code: int, reason: str) -> bytes:
+    """A server close frame (RFC 6455 §5.5.1): the code, then at most 123 bytes of reason."""
+    payload = code.to_bytes(2, "big") + reason.encode()[:123]
+    return bytes((0x88, len(payload))) + payload
+
+
+class _FrameRefused(Exception):
+    def __init__(self, code: int, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
+
+
+class ClientFrames:
+    """The client's side of a WebSocket connection, read as it arrives (sans-IO): frame
+    headers parsed, payload only counted. `feed` raises `_FrameRefused` for a message whose
+    declared size passes the limit (before its payload is read) or a control-frame flood."""
+
+    def __init__(self, limits: ConnectionLimits) -> None:
+        self._limits = limits
+        self._head = bytearray()  # a frame header received in part
+        self._left = 0  # payload bytes of the current frame still to come
+        self._message = 0  # payload bytes of the current data message so far
+        self._control: Bucket | None = None
+
+    def feed(self, data: bytes | bytearray, now: float) -> None:
+        i, n = 0, len(data)
+        while i < n:
+            if self._left:
+                taken = min(self._left, n - i)
+                self._left -= taken
+                i += taken
+                continue
+            head = self._head
+            need = 2
+            if len(head) >= 2:
+                code = head[1] & 0x7F
+                need = 2 + (2 if code == 126 else 8 if code == 127 else 0)
+                need += 4 if head[1] & 0x80 else 0
+            if len(head) < need:
+                taken = min(need - len(head), n - i)
+                head += data[i : i + taken]
+                i += taken
+                if len(head) < 2 or len(head) < need or need == 2:
+                    continue  # (with two bytes, the header's full length is known next round)
+            self._frame(bytes(head), now)
+            head.clear()
+
+    def _frame(self, head: bytes, now: float) -> None:
+        code = head[1] & 0x7F
+        if code == 126:
+            size = int.from_bytes(head[2:4], "big")
+        elif code == 127:
+            size = int.from_bytes(head[2:10], "big")
+        else:
+            size = code
+        opcode, final = head[0] & 0x0F, head[0] & 0x80
+        if opcode & 0x08:  # close, ping, pong: at most 125 bytes (wsproto checks the rest)
+            if opcode in (0x9, 0xA):
+                decision, self._control = take(
+                    self._control, Rate(self._limits.ws_control_per_minute), now
+                )
+                if not decision.allowed:
+                    raise _FrameRefused(1008, "too many control frames")
+        else:
+            if opcode != 0x0:  # a new text or binary message
+                self._message = 0
+            self._message += size
+            if self._message > self._limits.max_ws_message:
+                raise _FrameRefused(1009, f"message over {self._limits.max_ws_message} bytes")
+            if final:
+                self._message = 0
+        self._left = size
+
+
 class FrameStream(trio.abc.HalfCloseableStream):
     """A TCP connection that can also take bytes without waiting (`offer`).
 
@@ -51,8 +234,13 @@ class FrameStream(trio.abc.HalfCloseableStream):
     bytes while some were waiting (None while it takes them): how long a client has taken
     no data, whoever is writing."""
 
-    def __init__(self, inner: trio.SocketStream) -> None:
+    def __init__(self, inner: trio.SocketStream, limits: ConnectionLimits | None = None) -> None:
         self._inner = inner
+        self.limits = limits  # None: unbounded (tests of the fast path alone)
+        self._request_since: float | None = None  # the first byte of the request being read
+        self._client_frames: ClientFrames | None = None
+        self._read_scope: trio.CancelScope | None = None
+        self.serving: trio.CancelScope | None = None  # Hypercorn's task for this connection
         self._fd = inner.socket.fileno()
         self._pending: deque[bytes | memoryview] = deque()
         self.pending_bytes = 0
@@ -131,16 +319,48 @@ class FrameStream(trio.abc.HalfCloseableStream):
         self.pending_bytes = 0
         self._inner.socket.close()  # wakes a task waiting to write, with ClosedResourceError
 
+    def cut(self) -> None:
+        """`abort`, and end Hypercorn's task for this connection with it: on its own, Hypercorn
+        would wait for its keep-alive timer before letting the connection go."""
+        self.abort()
+        if self.serving is not None:
+            self.serving.cancel()
+
     # --- trio.abc.HalfCloseableStream, as Hypercorn uses it ------------------------------
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         if self.sealed and data:
             raise trio.ClosedResourceError("a close frame was sent")
-        if self.websocket and data[:1] == b"\x88":  # a close frame, Hypercorn's or ours:
+        if not self.websocket:
+            if bytes(data[:13]) == b"HTTP/1.1 101 ":  # the upgrade: frames from here on
+                self.websocket = True
+                if self._read_scope is not None:
+                    self._read_scope.deadline = math.inf
+            else:  # an answer: the next byte from the client starts another request
+                self._request_since = None
+        elif data[:1] == b"\x88":  # a close frame, Hypercorn's or ours:
             self.sealed = True  # the event fan-out stops before it, not after
         async with self._lock:
             self._queue(bytes(data))
-            await self._flush_locked()
+            limits = self.limits
+            if limits is None:
+                await self._flush_locked()
+                return
+            while True:
+                with trio.move_on_at(self._stalled_deadline(limits)):
+                    await self._flush_locked()
+                    return
+                if self.stalled_since is not None and (
+                    trio.current_time() - self.stalled_since >= limits.send_timeout
+                ):
+                    self.cut()
+                    raise trio.BrokenResourceError(
+                        f"the client took no data for {limits.send_timeout:g}s"
+                    )
+
+    def _stalled_deadline(self, limits: ConnectionLimits) -> float:
+        since = self.stalled_since
+        return math.inf if since is None else since + limits.send_timeout
 
     async def wait_send_all_might_not_block(self) -> None:
         await self._inner.wait_send_all_might_not_block()
@@ -148,23 +368,89 @@ class FrameStream(trio.abc.HalfCloseableStream):
     async def send_eof(self) -> None:
         # Hypercorn ends a connection this way once its last message (a close frame, which
         # went out after every offered byte) is sent; bytes offered since have no reader.
+        # No checkpoint: this runs from a task that may be cancelled right now (module doc).
         self._pending.clear()
         self.pending_bytes = 0
-        async with self._lock:
-            await self._inner.send_eof()
+        if self._lock.locked():
+            raise trio.BusyResourceError("a write is under way")
+        try:
+            self._inner.socket.shutdown(stdlib_socket.SHUT_WR)
+        except OSError as exc:
+            raise trio.BrokenResourceError(str(exc)) from exc
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
-        return await self._inner.receive_some(max_bytes)
+        limits = self.limits
+        if limits is None:
+            return await self._inner.receive_some(max_bytes)
+        with trio.CancelScope(deadline=self._read_deadline(limits)) as scope:
+            self._read_scope = scope  # the upgrade lifts its deadline (`send_all`)
+            try:
+                data = await self._inner.receive_some(max_bytes)
+            finally:
+                self._read_scope = None
+        if scope.cancelled_caught:
+            self.cut()
+            raise trio.TooSlowError
+        if self.websocket:
+            if self._client_frames is None:
+                self._client_frames = ClientFrames(limits)
+            try:
+                self._client_frames.feed(data, trio.current_time())
+            except _FrameRefused as refused:
+                await self._refuse_frames(refused, limits)
+        elif self._request_since is None:
+            self._request_since = trio.current_time()  # the first byte of a request
+        return data
+
+    def _read_deadline(self, limits: ConnectionLimits) -> float:
+        since = self._request_since
+        if self.websocket or since is None:  # between requests: Hypercorn's keep-alive timeout
+            return math.inf
+        return min(since + limits.request_timeout, trio.current_time() + limits.read_timeout)
+
+    async def _refuse_frames(self, refused: _FrameRefused, limits: ConnectionLimits) -> None:
+        """Send the close frame, read and drop what the client still sends for a moment (so
+        that closing does not reset the connection before it reads the close), then end."""
+        log.info("WebSocket client refused (%d): %s", refused.code, refused.reason)
+        self.sealed = True
+        frame = close_frame(refused.code, refused.reason)
+        if self._pending or self._lock.locked():
+            self._queue(frame)  # after the whole frames queued before it, by whoever flushes
+        else:
+            with contextlib.suppress(trio.BrokenResourceError, OSError):
+                self._write(frame)
+                self._inner.socket.shutdown(stdlib_socket.SHUT_WR)
+        with trio.move_on_after(limits.linger_seconds):
+            dropped = 0
+            while dropped < 1 << 20:
+                chunk = await self._inner.receive_some()
+                if not chunk:
+                    break
+                dropped += len(chunk)
+        self.cut()
+        raise trio.BrokenResourceError(refused.reason)
 
     async def aclose(self) -> None:
         self._closed = True
         self._pending.clear()
         self.pending_bytes = 0
+        self._inner.socket.close()  # at once: the checkpoint below may be a cancelled one
         await self._inner.aclose()
+
+    def refuse(self, reason: str) -> None:
+        """Answer 503 without reading the request, and close (the connection was not admitted)."""
+        with contextlib.suppress(trio.BrokenResourceError):
+            self._write(_refusal(reason))
+        self.abort()
+
+
+GUARD_ATTRIBUTE = "registry_guard"  # set on Hypercorn's Config by `serve`
 
 
 def install_in_hypercorn() -> None:
-    """Wrap every plain TCP connection of Hypercorn's trio worker in a `FrameStream` (once)."""
+    """Wrap every plain TCP connection of Hypercorn's trio worker in a `FrameStream` (once).
+    Where Hypercorn's config carries a `ConnectionGuard` (attribute `registry_guard`), each
+    connection is admitted by it and bounded by its limits."""
     from hypercorn.config import Config
     from hypercorn.trio import run as worker
     from hypercorn.trio.tcp_server import TCPServer
@@ -185,15 +471,44 @@ def install_in_hypercorn() -> None:
             state: LifespanState,
             stream: Any,
         ) -> None:
+            self.guard: ConnectionGuard | None = getattr(config, GUARD_ATTRIBUTE, None)
             if isinstance(stream, trio.SocketStream):
-                stream = FrameStream(stream)
+                stream = FrameStream(stream, self.guard.limits if self.guard else None)
             super().__init__(app, config, context, state, stream)
 
         async def run(self) -> None:
             # The tasks serving this connection (the app's included) start from this one and
             # inherit its context.
             stream: Any = self.stream
-            CURRENT_STREAM.set(stream if isinstance(stream, FrameStream) else None)
-            await super().run()
+            frames = stream if isinstance(stream, FrameStream) else None
+            CURRENT_STREAM.set(frames)
+            guard = self.guard
+            if guard is None:
+                await super().run()
+                return
+            try:
+                key = client_key(_peer_host(stream))
+            except OSError:  # gone before it was served
+                await self.stream.aclose()
+                return
+            refusal = guard.admit(key)
+            if refusal is not None:
+                if frames is not None:
+                    frames.refuse(refusal)
+                await self.stream.aclose()
+                return
+            try:
+                with trio.CancelScope() as serving:
+                    if frames is not None:
+                        frames.serving = serving
+                    await super().run()
+            finally:
+                guard.release(key)
 
     worker.TCPServer = FrameTCPServer  # type: ignore[attr-defined]
+
+
+def _peer_host(stream: Any) -> str:
+    sock = stream.socket if hasattr(stream, "socket") else stream.transport_stream.socket
+    peer = sock.getpeername()
+    return str(peer[0]) if isinstance(peer, tuple) else str(peer)

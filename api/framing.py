@@ -1,0 +1,53 @@
+"""Request framing per RFC 9112 §6, checked before the app sees a request.
+
+h11 already refuses a malformed or conflicting `Content-Length` (400, connection closed) and
+merges identical repeated ones (RFC 9110 §8.6 allows it). What it accepts and we refuse is a
+request carrying both `Transfer-Encoding` and `Content-Length`: h11 frames it by the chunks, a
+proxy in front may frame it by the length, and the difference is a request smuggled in the body
+(RFC 9112 §6.1: such a request is rejected or, at least, the connection closed after it). It is
+answered 400 `ambiguous_framing` with `Connection: close`, so nothing after it on that connection
+is read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+from api.errors import error_body
+
+ASGIApp = Callable[[Any, Any, Any], Awaitable[None]]
+
+
+def framing_problem(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
+    """Why a request's framing headers are ambiguous, or None."""
+    names = {name.lower() for name, _ in headers}
+    if b"transfer-encoding" in names and b"content-length" in names:
+        return "a request must not carry both Transfer-Encoding and Content-Length"
+    return None
+
+
+def with_framing_checks(app: ASGIApp, new_request_id: Callable[[], str]) -> ASGIApp:
+    async def checked(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            problem = framing_problem(scope["headers"])
+            if problem is not None:
+                request_id = new_request_id()
+                body = error_body("ambiguous_framing", problem, request_id, None).encode()
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 400,
+                        "headers": [
+                            (b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode()),
+                            (b"x-request-id", request_id.encode()),
+                            (b"connection", b"close"),
+                        ],
+                    }
+                )
+                await send({"type": "http.response.body", "body": body})
+                return
+        await app(scope, receive, send)
+
+    return checked

@@ -1,0 +1,152 @@
+"""Connections a hostile client opens and never finishes, or finishes ambiguously, on a real
+socket (docs/limits.md, "Connections"). Each attack ends as documented while a bystander at
+another client address gets its health answer."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from contextlib import ExitStack
+
+from tests.db.proc import Server
+from tests.hostile.raw import (
+    PER_CLIENT,
+    connect,
+    health_from,
+    read_until_closed,
+)
+
+
+def test_connection_close_is_honoured(server: Server) -> None:
+    for request in (
+        b"GET /nope HTTP/1.1\r\nHost: r\r\nConnection: close\r\n\r\n",
+        b"GET /nope HTTP/1.0\r\nHost: r\r\n\r\n",
+    ):
+        sock = connect(server.url)
+        sock.sendall(request)
+        data, closed = read_until_closed(sock, limit=5)
+        sock.close()
+        assert data.startswith(b"HTTP/1.1 404 "), data
+        assert closed, "the server kept the connection open after answering"
+
+
+def test_a_body_that_stops_coming_is_cut(server: Server) -> None:
+    sock = connect(server.url)
+    sock.sendall(
+        b"POST /v1/discover HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n1\r\n{\r\n"
+    )
+    started = time.monotonic()
+    _, closed = read_until_closed(sock, limit=8)
+    sock.close()
+    assert closed
+    assert time.monotonic() - started < 6  # read_timeout 1.5 s, with room for a loaded machine
+
+
+def test_a_head_that_trickles_is_cut_by_the_request_deadline(server: Server) -> None:
+    sock = connect(server.url)
+    started = time.monotonic()
+    closed = False
+    for byte in b"GET /v1/health HTTP/1.1\r\nHost: r\r\nX-Slow: " + b"a" * 100:
+        try:
+            sock.send(bytes([byte]))
+        except OSError:
+            closed = True
+            break
+        _, closed = read_until_closed(sock, limit=0.5)  # each byte well within read_timeout
+        if closed:
+            break
+    sock.close()
+    assert closed, "a request head sent a byte at a time was never cut"
+    assert time.monotonic() - started < 10  # request_timeout 3 s
+
+
+def test_connections_beyond_the_per_address_cap_are_refused_and_others_unaffected(
+    server: Server,
+) -> None:
+    with ExitStack() as stack:
+        held = [stack.enter_context(connect(server.url, "127.0.0.2")) for _ in range(PER_CLIENT)]
+        # The held ones are counted once the server has accepted them: one answered request
+        # on the last proves every earlier accept happened.
+        held[-1].sendall(b"GET /v1/health HTTP/1.1\r\nHost: r\r\n\r\n")
+        assert held[-1].recv(12) == b"HTTP/1.1 200"
+        refused = []
+        for _ in range(20):
+            extra = stack.enter_context(connect(server.url, "127.0.0.2"))
+            data, closed = read_until_closed(extra, limit=5)
+            refused.append((data.split(b"\r\n", 1)[0], closed))
+            if data:
+                body = json.loads(data.split(b"\r\n\r\n", 1)[1])
+                assert body["error"]["code"] == "too_many_connections"
+        assert all(closed for _, closed in refused)
+        assert {line for line, _ in refused} <= {b"HTTP/1.1 503 Service Unavailable", b""}
+        assert any(line for line, _ in refused)
+        # Another address is not affected.
+        answer = health_from(server.url, "127.0.0.3")
+        assert answer.status_code == 200
+    # Once they are gone, the address may connect again.
+    answer = health_from(server.url, "127.0.0.2")
+    assert answer.status_code == 200
+
+
+def test_content_length_with_transfer_encoding_is_refused_and_closes(server: Server) -> None:
+    smuggled = b"GET /v1/entries/did:example:smuggled HTTP/1.1\r\nHost: r\r\n\r\n"
+    body = b"0\r\n\r\n" + smuggled
+    sock = connect(server.url)
+    sock.sendall(
+        b"POST /v1/discover HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\n"
+        b"Content-Length: " + str(len(body)).encode() + b"\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n" + body
+    )
+    data, closed = read_until_closed(sock, limit=5)
+    sock.close()
+    assert closed
+    assert data.count(b"HTTP/1.1 ") <= 1, "the request smuggled in the body was answered"
+    if data:
+        assert data.startswith(b"HTTP/1.1 400 "), data
+        assert b"ambiguous_framing" in data
+
+
+def test_malformed_or_conflicting_lengths_are_refused_and_close(server: Server) -> None:
+    for lengths in (b"Content-Length: 2\r\nContent-Length: 3\r\n", b"Content-Length: +2\r\n"):
+        sock = connect(server.url)
+        sock.sendall(b"POST /v1/discover HTTP/1.1\r\nHost: r\r\n" + lengths + b"\r\n{}")
+        data, closed = read_until_closed(sock, limit=5)
+        sock.close()
+        assert data.startswith(b"HTTP/1.1 400 "), data
+        assert closed
+
+
+def test_an_integer_literal_of_thousands_of_digits_is_a_400(server: Server) -> None:
+    body = b'{"limit": ' + b"9" * 5000 + b"}"
+    sock = connect(server.url)
+    sock.sendall(
+        b"POST /v1/discover HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\n"
+        b"Connection: close\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+    )
+    data, _ = read_until_closed(sock, limit=5)
+    sock.close()
+    assert data.startswith(b"HTTP/1.1 400 "), data
+    error = json.loads(data.split(b"\r\n\r\n", 1)[1])["error"]
+    assert error["code"] == "invalid_json"
+    assert error["details"]["rule"] == "unsafe_integer"
+
+
+def test_a_flood_of_connections_from_one_address_leaves_health_fast_for_another(
+    server: Server,
+) -> None:
+    """1,000 connect-and-hold attempts from one address: most are refused at once, the file
+    table never fills, and a bystander's health checks all answer."""
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(1000):
+            try:
+                socks.append(connect(server.url, "127.0.0.4", timeout=2))
+            except OSError:
+                continue
+        answers = [health_from(server.url, "127.0.0.5") for _ in range(10)]
+        assert [a.status_code for a in answers] == [200] * 10
+    finally:
+        for sock in socks:
+            sock.close()
