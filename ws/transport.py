@@ -294,7 +294,9 @@ class FrameStream(trio.abc.HalfCloseableStream):
         async with self._lock:
             await self._flush_locked()
 
-    async def _flush_locked(self) -> None:
+    async def _flush_locked(self, send_timeout: float | None = None) -> None:
+        """Write everything pending; with `send_timeout`, cut the connection once the client
+        has taken nothing for that long."""
         pending = self._pending
         while pending:
             if self._closed or self.broken:
@@ -307,8 +309,17 @@ class FrameStream(trio.abc.HalfCloseableStream):
                 continue
             if sent:
                 pending[0] = memoryview(chunk)[sent:]
+            if self.stalled_since is None:  # the kernel took part: it is full now
+                self.stalled_since = trio.current_time()
             # Cancellable: what is not written stays first in the queue, whole or in part.
-            await trio.lowlevel.wait_writable(self._inner.socket)
+            if send_timeout is None:
+                await trio.lowlevel.wait_writable(self._inner.socket)
+                continue
+            with trio.move_on_at(self.stalled_since + send_timeout) as waiting:
+                await trio.lowlevel.wait_writable(self._inner.socket)
+            if waiting.cancelled_caught:
+                self.cut()
+                raise trio.BrokenResourceError(f"the client took no data for {send_timeout:g}s")
         await trio.lowlevel.checkpoint()
 
     def abort(self) -> None:
@@ -342,25 +353,7 @@ class FrameStream(trio.abc.HalfCloseableStream):
             self.sealed = True  # the event fan-out stops before it, not after
         async with self._lock:
             self._queue(bytes(data))
-            limits = self.limits
-            if limits is None:
-                await self._flush_locked()
-                return
-            while True:
-                with trio.move_on_at(self._stalled_deadline(limits)):
-                    await self._flush_locked()
-                    return
-                if self.stalled_since is not None and (
-                    trio.current_time() - self.stalled_since >= limits.send_timeout
-                ):
-                    self.cut()
-                    raise trio.BrokenResourceError(
-                        f"the client took no data for {limits.send_timeout:g}s"
-                    )
-
-    def _stalled_deadline(self, limits: ConnectionLimits) -> float:
-        since = self.stalled_since
-        return math.inf if since is None else since + limits.send_timeout
+            await self._flush_locked(self.limits.send_timeout if self.limits else None)
 
     async def wait_send_all_might_not_block(self) -> None:
         await self._inner.wait_send_all_might_not_block()

@@ -1,0 +1,139 @@
+"""Hostile WebSocket clients on real sockets (docs/events.md, "How a socket ends"; docs/limits.md):
+oversized and partial frames, ping floods, clients that never read, too many sockets and too
+many replays from one address."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from contextlib import ExitStack
+
+from api.client import RegistryClient
+from registry.keys import SigningKey
+from tests.db.proc import Server
+from tests.helpers import entry_template
+from tests.hostile.raw import (
+    client_frame,
+    close_code,
+    health_from,
+    read_until_closed,
+    rss_kib,
+    websocket,
+)
+
+
+def test_a_message_over_the_limit_is_refused_from_its_header(server: Server) -> None:
+    sock = websocket(server.url)
+    # 16,000,000 bytes announced, 1,000 sent: the server must not wait for (or buffer) the rest.
+    sock.sendall(client_frame(b"x" * 1000, declared=16_000_000)[: 14 + 1000])
+    data, closed = read_until_closed(sock, limit=8)
+    sock.close()
+    assert closed
+    assert close_code(data) == 1009
+
+
+def test_fragments_adding_up_past_the_limit_are_refused(server: Server) -> None:
+    sock = websocket(server.url)
+    first = client_frame(b"{" * 10_000, opcode=0x1)
+    first = bytes((first[0] & 0x7F,)) + first[1:]  # not final: a fragment
+    sock.sendall(first + client_frame(b"}" * 10_000, opcode=0x0))
+    data, closed = read_until_closed(sock, limit=8)
+    sock.close()
+    assert closed
+    assert close_code(data) == 1009
+
+
+def test_sixty_partial_frames_cost_little_memory_and_health_stays_up(server: Server) -> None:
+    baseline = rss_kib(server.proc.pid)
+    with ExitStack() as stack:
+        socks = []
+        for i in range(60):
+            sock = stack.enter_context(websocket(server.url, f"127.0.1.{i + 1}"))
+            # A message just under the limit, without its last byte, and one far over it.
+            if i % 2:
+                sock.sendall(client_frame(b"y" * 16_000)[:-1])
+            else:
+                sock.sendall(client_frame(b"y" * 65_536, declared=16_000_000)[:65_000])
+            socks.append(sock)
+        assert health_from(server.url, "127.0.2.1").status_code == 200
+        grown = rss_kib(server.proc.pid) - baseline
+        assert grown < 100 * 1024, f"resident memory grew by {grown} KiB"
+        for i, sock in enumerate(socks):
+            if i % 2 == 0:  # the oversized ones were refused
+                _data, closed = read_until_closed(sock, limit=8)
+                assert closed
+    assert health_from(server.url, "127.0.2.1").status_code == 200
+
+
+def test_a_ping_flood_that_never_reads_is_cut(server: Server) -> None:
+    sock = websocket(server.url)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    started = time.monotonic()
+    cut = False
+    while time.monotonic() - started < 20:
+        try:
+            sock.sendall(client_frame(b"ping", opcode=0x9) * 50)
+        except OSError:
+            cut = True
+            break
+        time.sleep(0.005)
+    if not cut:
+        _, cut = read_until_closed(sock, limit=5)
+    sock.close()
+    assert cut, "a client flooding pings and reading nothing was still connected after 20 s"
+
+
+def test_a_client_that_never_reads_its_answers_is_cut(server: Server) -> None:
+    """Pipelined requests whose answers are never read: the writes stall, and the connection is
+    cut after send_timeout (2 s here) rather than held forever."""
+    sock = socket.create_connection(("127.0.0.1", int(server.url.rsplit(":", 1)[1])))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    request = b"GET /v1/openapi.json HTTP/1.1\r\nHost: r\r\n\r\n"
+    sock.settimeout(1)
+    try:
+        for _ in range(200):
+            sock.sendall(request)
+    except OSError:
+        pass
+    time.sleep(6)  # nothing read meanwhile: the server's writes stall past send_timeout
+    data, closed = read_until_closed(sock, limit=10)
+    sock.close()
+    assert closed
+    assert data.count(b"HTTP/1.1 200") < 200
+
+
+def test_sockets_beyond_the_per_address_cap_get_1013(server: Server) -> None:
+    with ExitStack() as stack:
+        held = [stack.enter_context(websocket(server.url, "127.0.3.1")) for _ in range(8)]
+        for sock in held:  # each is counted once it has answered
+            sock.sendall(client_frame(b'{"type":"ping"}'))
+            assert b"pong" in sock.recv(100)
+        extra = stack.enter_context(websocket(server.url, "127.0.3.1"))
+        data, closed = read_until_closed(extra, limit=8)
+        assert closed
+        assert close_code(data) == 1013
+        other = stack.enter_context(websocket(server.url, "127.0.3.2"))
+        other.sendall(client_frame(b'{"type":"ping"}'))
+        assert b"pong" in other.recv(100)
+
+
+def test_replays_from_one_address_are_admitted_by_a_budget(server: Server) -> None:
+    key = SigningKey.generate()
+    with RegistryClient(server.url) as client:
+        client.sign_in(key)
+        client.publish(entry_template(), key)
+    sock = websocket(server.url, "127.0.4.1")
+    subscribe = client_frame(json.dumps({"type": "subscribe", "fromSequence": 0}).encode())
+    answers: list[str] = []
+    for _ in range(8):
+        sock.sendall(subscribe)
+        deadline = time.monotonic() + 10
+        buffer = b""
+        while time.monotonic() < deadline:
+            buffer += sock.recv(65536)
+            if b'"subscribed"' in buffer or b"replay_rate_limited" in buffer:
+                break
+        answers.append("limited" if b"replay_rate_limited" in buffer else "replayed")
+    sock.close()
+    assert answers == ["replayed"] * 6 + ["limited"] * 2  # replays_per_minute = 6 here
