@@ -221,7 +221,19 @@ def endpoint(
                             raise
                     elif auth == "required":
                         raise Unauthorized("a session is required", code="session_missing")
-                client = ctx.principal.did if ctx.principal else client_address(d.config)
+                address = client_address(d.config)
+                if klass == "write":
+                    # Keys cost nothing to make: every write also spends its client address's
+                    # budget, so signing in as new keys never buys an address more writes.
+                    by_address = d.limiter.acquire("write_address", address)
+                    if not by_address.allowed:
+                        raise RateLimited(
+                            "write rate limit exceeded for this client address",
+                            retry_after=by_address.retry_after,
+                            limit=by_address.limit,
+                            code="write_rate_limited",
+                        )
+                client = ctx.principal.did if ctx.principal else address
                 ctx.decision = d.limiter.acquire(klass, client)
                 if not ctx.decision.allowed:
                     raise RateLimited(

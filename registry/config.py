@@ -112,6 +112,8 @@ DEFAULT_PAGE_SIZE = 20
 class LimitsConfig(_Section):
     read_per_minute: Annotated[int, Field(ge=1)] = 1200
     write_per_minute: Annotated[int, Field(ge=1)] = 120
+    # All writes from one client address, whoever signed them (keys are free to make).
+    write_per_minute_per_address: Annotated[int, Field(ge=1)] = 240
     query_per_minute: Annotated[int, Field(ge=1)] = 300
     max_page_size: Annotated[int, Field(ge=1, le=1000)] = 100
     default_page_size: Annotated[int, Field(ge=1, le=1000)] = DEFAULT_PAGE_SIZE

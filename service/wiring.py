@@ -92,6 +92,7 @@ async def open_service(
             "read": Rate(limits.read_per_minute),
             "write": Rate(limits.write_per_minute),
             "query": Rate(limits.query_per_minute),
+            "write_address": Rate(limits.write_per_minute_per_address),  # every write, per address
             "replay": Rate(config.events.replays_per_minute),  # event replays, per address
         }
         limiter: RateLimiter = await nursery.start(run_rate_limiter, rates)

@@ -85,6 +85,7 @@ def make_config(database_url: str, tmp_path: Path, **sections: dict[str, Any]) -
         "limits": {
             "read_per_minute": 100_000,
             "write_per_minute": 100_000,
+            "write_per_minute_per_address": 100_000,
             "query_per_minute": 100_000,
         },
     }
