@@ -316,3 +316,35 @@ async def test_error_bodies_never_contain_tracebacks(harness: Harness) -> None:
             parsed = json.loads(raw)
             assert set(parsed) == {"error"}
             assert {"code", "message", "requestId"} <= set(parsed["error"])
+
+
+async def test_new_keys_never_buy_an_address_more_writes(database_url: str, tmp_path: Path) -> None:
+    """Each principal has its own write bucket, but every write from one address also spends
+    the address's (`write_per_minute_per_address`): keys are free to make."""
+    config = make_config(
+        database_url, tmp_path, limits={"write_per_minute": 100, "write_per_minute_per_address": 6}
+    )
+
+    async def body(h: Harness) -> None:
+        with trio.fail_after(30):
+            first, second = SigningKey.generate(), SigningKey.generate()
+            first_token = await sign_in(anon_client(h), first)  # 2 of the address's 6
+            second_token = await sign_in(anon_client(h), second)  # 4 of 6
+            for key, token in ((first, first_token), (second, second_token)):
+                r = await h.client.post(
+                    "/v1/entries", json=signed_entry(key), headers=bearer(token, **idem())
+                )
+                assert r.status_code == 201, await r.get_data()
+            refused = signed_entry(second)
+            r = await h.client.post(
+                "/v1/entries", json=refused, headers=bearer(second_token, **idem())
+            )
+            error = await error_of(r, 429, "write_rate_limited")
+            assert error["details"]["retryAfterSeconds"] > 0
+            assert int(r.headers["Retry-After"]) >= 1
+            r = await h.client.get(f"/v1/entries/{refused['entryDid']}")
+            assert r.status_code == 404  # nothing was written
+            r = await anon_client(h).post("/v1/auth/siws/challenge", json={"audience": "a"})
+            await error_of(r, 429, "write_rate_limited")  # nor can it sign in a new key
+
+    await with_harness(config, body)
