@@ -32,10 +32,12 @@ import json
 import logging
 import random
 import re
+import socket
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Protocol
+from urllib.parse import urlsplit
 
 import httpx
 import trio
@@ -44,6 +46,7 @@ from actors.supervisor import supervise
 from registry.breaker import DEFAULT_POLICY, BreakerPolicy
 from registry.changes import Change, IdemKey, Outcome
 from registry.config import FederationConfig, PeerConfig
+from registry.endpoints import EndpointPolicy, IPAddress, is_public, literal_address
 from registry.envelope import build_request, verify_envelope
 from registry.errors import RegistryError
 from registry.federation import (
@@ -93,11 +96,48 @@ class PeerTransport(Protocol):
 class HttpTransport:
     """The transport over HTTP (httpx on Trio), answers capped at `max_bytes`."""
 
-    def __init__(self, client: httpx.AsyncClient, *, max_bytes: int) -> None:
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        *,
+        max_bytes: int,
+        policy: Callable[[], EndpointPolicy] | None = None,
+    ) -> None:
         self.client = client
         self.max_bytes = max_bytes
+        self.policy = policy  # None: every destination (tests of the transport alone)
+
+    async def _check_destination(self, url: str) -> None:
+        """A registered endpoint's name is resolved before each request: one that resolves to
+        a private or local address is refused (registry/endpoints.py). Hosts the operator's
+        configuration names are not checked. (A name that changes its answer between this
+        look-up and the client's own is not caught: document, don't pretend.)"""
+        if self.policy is None:
+            return
+        policy = self.policy()
+        parts = urlsplit(url)
+        host = (parts.hostname or "").lower()
+        if host in policy.named:
+            return
+        literal = literal_address(host)
+        addresses: list[IPAddress | None] = [literal]
+        if literal is None:
+            try:
+                infos = await trio.socket.getaddrinfo(
+                    host, parts.port or 443, type=socket.SOCK_STREAM
+                )
+            except OSError as exc:
+                raise PeerUnreachable(f"cannot resolve {host}: {exc}") from None
+            addresses = [literal_address(str(info[4][0])) for info in infos]
+        for address in addresses:
+            if address is None or (  # (a scoped IPv6 address, say: not one to send to)
+                not is_public(address)
+                and not any(address in network for network in policy.networks)
+            ):
+                raise PeerUnreachable(f"{host} resolves to a private or local address")
 
     async def post(self, url: str, body: bytes) -> PeerAnswer:
+        await self._check_destination(url)
         try:
             async with self.client.stream(
                 "POST",

@@ -195,6 +195,9 @@ class FederationConfig(_Section):
     request_timeout_seconds: Annotated[float, Field(gt=0)] = 10.0  # one sync request
     page_size: Annotated[int, Field(ge=1, le=1000)] = 1000  # maxEntries asked of a peer
     discover_budget_seconds: Annotated[float, Field(gt=0)] = 3.0  # a federated query in all
+    # Endpoints a peer registers (PUT /v1/federation/peers/self): registry/endpoints.py.
+    allow_http_endpoints: bool = False
+    allowed_endpoint_hosts: list[str] = Field(default_factory=list)  # names, addresses, CIDRs
 
     @model_validator(mode="after")
     def _distinct(self) -> FederationConfig:

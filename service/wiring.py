@@ -27,6 +27,7 @@ from registry.chain import LocalChain
 from registry.changes import ChangeLog
 from registry.config import Config
 from registry.discovery import CursorCodec
+from registry.endpoints import EndpointPolicy
 from registry.identity import IdentityResolver
 from registry.keys import SigningKey
 from registry.ratelimit import Rate
@@ -141,9 +142,18 @@ async def open_service(
         # the federation lock) while no peer is configured; a reload may add some
         # (`federation_handle.reconfigure`).
         # The client closes only once the actors using it have stopped (their own task).
-        client = httpx.AsyncClient(timeout=config.federation.request_timeout_seconds)
+        # Redirects are never followed (the default, said here so nobody changes it).
+        client = httpx.AsyncClient(
+            timeout=config.federation.request_timeout_seconds, follow_redirects=False
+        )
         transport = HttpTransport(
-            client, max_bytes=limits.federation_body_bytes + 2 * limits.entry_body_bytes
+            client,
+            max_bytes=limits.federation_body_bytes + 2 * limits.entry_body_bytes,
+            policy=lambda: EndpointPolicy.of(
+                allow_http=config.federation.allow_http_endpoints,
+                configured=[p.endpoint for p in federation_handle.peers],
+                allowed=config.federation.allowed_endpoint_hosts,
+            ),
         )
         federation = Federation(
             store=store,

@@ -38,6 +38,7 @@ from registry.canonical import canonicalize, join_members
 from registry.changes import Change, ChangeLog, IdemKey, Outcome, rfc3339_ms
 from registry.config import Config, PeerConfig
 from registry.discovery import parse_discover_request, query_fingerprint
+from registry.endpoints import EndpointPolicy, endpoint_problem
 from registry.envelope import (
     VerifiedEnvelope,
     build_request,
@@ -472,8 +473,13 @@ class Federation:
             body = body_object(
                 data, required={"endpoint"}, optional={"grpcEndpoint"}, code="peer_invalid"
             )
-            endpoint = _url(body, "endpoint", required=True)
-            grpc = _url(body, "grpcEndpoint", required=False)
+            policy = EndpointPolicy.of(
+                allow_http=self.config.federation.allow_http_endpoints,
+                configured=[p.endpoint for p in self.peers.values()],
+                allowed=self.config.federation.allowed_endpoint_hosts,
+            )
+            endpoint = _url(body, "endpoint", required=True, policy=policy)
+            grpc = _url(body, "grpcEndpoint", required=False, policy=policy)
             current = await self.store.get_record(PEER_RECORD, principal.did)
             registered = self.clock_ms()
             doc = {
@@ -541,7 +547,7 @@ class Federation:
         ]
 
 
-def _url(body: dict[str, Any], name: str, *, required: bool) -> str:
+def _url(body: dict[str, Any], name: str, *, required: bool, policy: EndpointPolicy) -> str:
     value = body.get(name, "" if not required else None)
     if value == "" and not required:
         return ""
@@ -556,6 +562,13 @@ def _url(body: dict[str, Any], name: str, *, required: bool) -> str:
         raise Invalid(
             f"{name} must be an http(s) URL of at most {MAX_ENDPOINT} characters",
             code="peer_invalid",
+            details={"field": name},
+        )
+    problem = endpoint_problem(value, policy)
+    if problem is not None:
+        raise Invalid(
+            f"{name} {problem} (docs/federation.md, peer endpoints)",
+            code="peer_endpoint_refused",
             details={"field": name},
         )
     return value

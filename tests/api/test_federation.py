@@ -1624,3 +1624,28 @@ def leaves(exc: BaseException) -> list[str]:
     if isinstance(exc, BaseExceptionGroup):
         return [leaf for inner in exc.exceptions for leaf in leaves(inner)]
     return [f"{type(exc).__name__}: {exc}"]
+
+
+@pytest.mark.parametrize(
+    "endpoint",
+    [
+        "http://10.0.0.7:8080/redir",  # not named by the configuration
+        "https://169.254.169.254/latest",
+        "https://2130706433/",  # 127.0.0.1 spelled as one number
+        "https://user:secret@peer.example.com/",  # user information would be listed publicly
+        "http://peer.example.com/",  # http is not allowed by default
+    ],
+)
+async def test_a_peer_cannot_point_the_registry_at_internal_addresses(
+    fed: Fed, endpoint: str
+) -> None:
+    f = fed
+    token = await sign_in(anon_client(f.h), f.peer)
+    r = await put_self(f, token, {"endpoint": endpoint}, key=f"bad-{endpoint}")
+    error = await error_of(r, 400, "peer_endpoint_refused")
+    assert error["details"] == {"field": "endpoint"}
+    listed = await peer_listed(f, f.peer.did)
+    assert listed["endpoint"] == f.endpoint(f.peer)
+    assert "secret" not in json.dumps(listed)
+    r = await put_self(f, token, {"endpoint": "https://peer.example.com/r"}, key="good")
+    assert r.status_code == 200, await r.get_data()

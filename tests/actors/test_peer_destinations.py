@@ -1,0 +1,42 @@
+"""The federation client refuses a registered endpoint whose name resolves to a private or local
+address, before any byte is sent (registry/endpoints.py; the name check at registration cannot
+see what a name resolves to)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+import trio
+
+from actors.federation import HttpTransport, PeerUnreachable
+from registry.endpoints import EndpointPolicy
+
+
+def never_called(request: httpx.Request) -> httpx.Response:
+    raise AssertionError(f"a request went out to {request.url}")
+
+
+async def test_a_name_that_resolves_to_loopback_is_refused() -> None:
+    policy = EndpointPolicy.of(allow_http=False, configured=[], allowed=[])
+    async with httpx.AsyncClient(transport=httpx.MockTransport(never_called)) as client:
+        transport = HttpTransport(client, max_bytes=1024, policy=lambda: policy)
+        with trio.fail_after(10), pytest.raises(PeerUnreachable, match="private or local"):
+            await transport.post("https://localhost:9/v1/federation/sync", b"{}")
+        with trio.fail_after(10), pytest.raises(PeerUnreachable, match="private or local"):
+            await transport.post("https://10.1.2.3/v1/federation/sync", b"{}")
+
+
+async def test_a_host_the_configuration_names_is_not_checked() -> None:
+    policy = EndpointPolicy.of(allow_http=False, configured=["http://localhost:9"], allowed=[])
+    seen: list[str] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(str(request.url))
+        return httpx.Response(200, content=b"{}")
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
+        transport = HttpTransport(client, max_bytes=1024, policy=lambda: policy)
+        with trio.fail_after(10):
+            answered = await transport.post("http://localhost:9/v1/federation/sync", b"{}")
+    assert answered.status == 200
+    assert seen == ["http://localhost:9/v1/federation/sync"]
