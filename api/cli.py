@@ -797,6 +797,15 @@ def _client_error(exc: RegistryClientError, url: str, did: str | None) -> str:
         line += f" ({did} at {url})"
     if exc.code in ("read_rate_limited", "write_rate_limited"):
         line += f"; retry in {int(float(exc.details.get('retryAfterSeconds', 1)) + 1)} s"
+    if exc.code == "entry_is_replica":
+        line += f"; it is {exc.details.get('origin', 'another registry')}'s entry: write it there"
+    if exc.code == "version_exists":
+        line += (
+            f"; version {exc.details.get('version')!r} is sequence"
+            f' {exc.details.get("sequence")}: give this content a new "version"'
+        )
+    if exc.code == "version_unchanged":
+        line += "; nothing to update: edit the file first"
     return line
 
 

@@ -14,9 +14,13 @@ _B58_INDEX = {c: i for i, c in enumerate(_B58)}
 ED25519_MULTICODEC = b"\xed\x01"
 
 # DID Core §3.1: did:method-name:method-specific-id, with pct-encoding; 2 KiB is our bound.
-_DID_RE = re.compile(
-    r"did:[a-z0-9]+:(?:(?:[A-Za-z0-9._-]|%[0-9A-Fa-f]{2})*:)*(?:[A-Za-z0-9._-]|%[0-9A-Fa-f]{2})+"
-)
+# One name, one spelling (RFC 3986 §6.2.2 normal form): a percent-encoding is accepted only for
+# a byte that is not an unreserved character (A-Z a-z 0-9 - . _ ~) and only in uppercase hex, so
+# `did:example:a-b`, `did:example:a%2Db` and `did:example:a%2db` cannot be three entries: the
+# last two are refused (docs/lifecycle.md, "One name, one entry").
+_PCT = r"%(?:[01][0-9A-F]|2[0-9A-CF]|3[A-F]|40|5[B-E]|60|7[B-DF]|[89A-F][0-9A-F])"
+_IDCHAR = rf"(?:[A-Za-z0-9._-]|{_PCT})"
+_DID_RE = re.compile(rf"did:[a-z0-9]+:(?:{_IDCHAR}*:)*{_IDCHAR}+")
 MAX_DID_LENGTH = 2048
 
 

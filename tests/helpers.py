@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import secrets
 import uuid
 from typing import Any
@@ -15,6 +16,15 @@ from registry.usecases.entries import entry_change
 
 def new_did() -> str:
     return f"did:web:agents.example.com:{secrets.token_hex(8)}"
+
+
+_VERSIONS = itertools.count(1)
+
+
+def next_version() -> str:
+    """A `version` string no entry of the tests has used: an update that changes content must
+    name it anew (a version string names one content forever)."""
+    return f"1.{next(_VERSIONS)}.0"
 
 
 def entry_template(did: str | None = None, **fields: Any) -> dict[str, Any]:

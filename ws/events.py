@@ -13,7 +13,8 @@ to it was either handed to the socket or filtered out, so it is the exact point 
 and it is what every close reports (a close frame always follows the events before it).
 
 How it ends, always with a close code and a reason, never with a traceback:
-- a message that is not a JSON object of a known type, or a binary or oversized frame: 4400;
+- a message that is not a JSON object of a known type, a binary frame, or an oversized one
+  that reached the app (the transport refuses those from their header first, with 1009): 4400;
 - no subscription for `idle_seconds`: 4408;
 - the subscriber fell `queue_size` events behind live (the log actor dropped it): 4429, the
   reason `{"code":"slow_consumer","lastSequence":N}`; resume with `fromSequence: N`; also 4429,

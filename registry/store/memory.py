@@ -934,6 +934,22 @@ class MemoryStore:
         page = [v.doc for v in live if before_seq is None or v.seq < before_seq]
         return page[:limit], len(live)
 
+    async def anchor_states(self, entry_did: str, sequences: list[int]) -> dict[int, str]:
+        await self._call(write=False)
+        wanted = set(sequences)
+        return {
+            i.sequence: i.state
+            for i in self._tables.intents.values()
+            if i.sequence in wanted and i.entry_did == entry_did
+        }
+
+    async def version_labelled(self, entry_did: str, version: str) -> tuple[int, str] | None:
+        await self._call(write=False)
+        for v in reversed(self._live_versions(entry_did)):  # oldest first
+            if json.loads(v.doc).get("version") == version:
+                return v.seq, v.doc
+        return None
+
     async def get_version(self, entry_did: str, seq: int) -> str | None:
         await self._call(write=False)
         version = self._tables.versions.get(seq)

@@ -552,6 +552,26 @@ class PgStore:
         return [r["doc"] for r in rows], int(total)
 
     @_seam
+    async def anchor_states(self, entry_did: str, sequences: list[int]) -> dict[int, str]:
+        rows = await self._pool.fetch(
+            "SELECT sequence, state FROM anchor_intents"
+            " WHERE entry_did = $1 AND sequence = ANY($2::bigint[])",
+            entry_did,
+            sequences,
+        )
+        return {int(r["sequence"]): str(r["state"]) for r in rows}
+
+    @_seam
+    async def version_labelled(self, entry_did: str, version: str) -> tuple[int, str] | None:
+        row = await self._pool.fetchrow(
+            "SELECT seq, doc FROM entry_versions WHERE entry_did = $1 AND lifecycle <> 'deleted'"
+            " AND doc::jsonb ->> 'version' = $2 ORDER BY seq LIMIT 1",
+            entry_did,
+            version,
+        )
+        return None if row is None else (int(row["seq"]), str(row["doc"]))
+
+    @_seam
     async def get_version(self, entry_did: str, seq: int) -> str | None:
         value = await self._pool.fetchval(
             "SELECT doc FROM entry_versions WHERE entry_did = $1 AND seq = $2"

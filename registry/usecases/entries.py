@@ -20,6 +20,7 @@ from registry.caches import FollowedCache, ResultCache, Served
 from registry.canonical import canonicalize
 from registry.changes import Change, ChangeLog, IdemKey, Outcome
 from registry.config import Config
+from registry.entries import publisher_payload
 from registry.errors import Conflict, Forbidden, Invalid, NotFound
 from registry.matching import facts_of
 from registry.store import EntryHead, ReplicaVersion, Store
@@ -102,6 +103,7 @@ class Entries:
                     code="entry_invalid",
                     details={"field": "lifecycleStatus"},
                 )
+            await self._refuse_replica(entry.did)
             dids.append(entry.did)
             return self.version_change("entry.created", entry, expected_head=None)
 
@@ -128,7 +130,7 @@ class Entries:
                     code="sequence_required",
                     details={"field": "sequence"},
                 )
-            head = await self.live_head(did)
+            head = await self.local_head(did)
             _check_publisher(principal, entry.publisher)
             if head.publisher_did != principal.did:
                 raise Forbidden(
@@ -141,6 +143,7 @@ class Entries:
                     details={"latestSequence": head.head_seq},
                 )
             entry_rules.check_move(head.lifecycle, entry.lifecycle)
+            await self._check_version_label(entry, head)
             previous.append(head.doc)
             return self.version_change("entry.updated", entry, expected_head=head.head_seq)
 
@@ -152,7 +155,7 @@ class Entries:
         previous: list[str] = []
 
         async def decide() -> Change:
-            head = await self.live_head(did)
+            head = await self.local_head(did)
             if head.publisher_did != principal.did and not principal.admin:
                 raise Forbidden(
                     "only the entry's publisher may delete it", code="publisher_mismatch"
@@ -322,7 +325,7 @@ class Entries:
                 )
         docs, total = await self.store.list_versions(did, before, size + 1)
         has_more = len(docs) > size
-        docs = docs[:size]
+        docs = await self._with_anchor_states(did, docs[:size])
         next_cursor = str(_sequence_of(docs[-1])) if has_more and docs else None
         return docs, next_cursor, has_more, total
 
@@ -331,13 +334,75 @@ class Entries:
         doc = await self.store.get_version(did, sequence)
         if doc is None:
             raise NotFound("no such version of this entry", code="version_not_found")
-        return doc
+        (shown,) = await self._with_anchor_states(did, [doc])
+        return shown
+
+    async def _with_anchor_states(self, did: str, docs: list[str]) -> list[str]:
+        """Versions as the entry read shows them: `anchorState` of each version's intent now
+        (the stored version says what it was when written)."""
+        if not docs:
+            return docs
+        states = await self.store.anchor_states(did, [_sequence_of(doc) for doc in docs])
+        return [with_anchor_state(doc, states.get(_sequence_of(doc))) for doc in docs]
+
+    async def _refuse_replica(self, did: str) -> None:
+        """One name, one entry: a DID this registry holds as another registry's replica is
+        that registry's to write (409 with the origin to go to)."""
+        found = await self.store.replica_head(did)
+        if found is not None:
+            raise Conflict(
+                "this DID is another registry's entry (a replica here); write it at its origin",
+                code="entry_is_replica",
+                details={"entryDid": did, "origin": found.origin_did},
+            )
+
+    async def local_head(self, did: str) -> EntryHead:
+        """`live_head`, where a write must name the local entry: a replica's DID answers 409
+        with its origin rather than 404."""
+        try:
+            return await self.live_head(did)
+        except NotFound:
+            await self._refuse_replica(did)
+            raise
+
+    async def _check_version_label(self, entry: entry_rules.CheckedEntry, head: EntryHead) -> None:
+        """A version string names one content forever (docs/lifecycle.md): an update that
+        changes nothing the publisher signs is refused, and so is one that gives an earlier
+        version's `version` to other content (lifecycle moves and transfers keep it)."""
+        submitted = publisher_payload(entry.doc)
+        if canonicalize(submitted) == canonicalize(publisher_payload(json.loads(head.doc))):
+            raise Conflict(
+                "the update is identical to the current version",
+                code="version_unchanged",
+                details={"latestSequence": head.head_seq},
+            )
+        label = entry.model.version
+        if label is None:
+            return
+        earlier = await self.store.version_labelled(entry.did, label)
+        if earlier is not None and _content(submitted) != _content(
+            publisher_payload(json.loads(earlier[1]))
+        ):
+            raise Conflict(
+                f"version {label!r} already names other content of this entry;"
+                " give this content a new version",
+                code="version_exists",
+                details={"version": label, "sequence": earlier[0]},
+            )
 
     async def live_head(self, did: str) -> EntryHead:
         head = await self.store.get_entry_head(did)
         if head is None or head.lifecycle == "deleted":
             raise NotFound("entry not found", code="entry_not_found", details={"entryDid": did})
         return head
+
+
+# What a version string names: the publisher's payload but its status and owner.
+_NOT_CONTENT = frozenset({"lifecycleStatus", "publisherDid"})
+
+
+def _content(payload: dict[str, Any]) -> bytes:
+    return canonicalize({k: v for k, v in payload.items() if k not in _NOT_CONTENT})
 
 
 def _check_publisher(principal: Principal, publisher: str) -> None:

@@ -15,7 +15,7 @@ from registry.entries import signing_bytes
 from registry.identity import IdentityResolver
 from registry.keys import SigningKey, b64url_decode, verify
 from tests.conftest import Harness, open_harness
-from tests.helpers import bearer, idem, signed_entry
+from tests.helpers import bearer, idem, next_version, signed_entry
 
 RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})$")
 JSON = {"Content-Type": "application/json"}
@@ -117,6 +117,7 @@ async def update(
     """PUT a new version signed by `key`; return the raw response."""
     if based_on is not None:
         fields["sequence"] = based_on
+    fields.setdefault("version", next_version())
     entry = signed_entry(key, did, **fields)
     return await h.client.put(f"/v1/entries/{did}", json=entry, headers=bearer(token, **idem()))
 

@@ -265,6 +265,13 @@ async def test_versions_are_listed_ascending_each_confirmed_with_a_proof_that_ve
     assert len({r["anchor"]["proof"]["leafHash"] for r in records}) == 3
     entry = await (await h.client.get(f"/v1/entries/{did}")).get_json()
     assert entry["anchorState"] == "anchored"
+    # Every version reads the same wherever it is served: the list and each version too.
+    listed = await (await h.client.get(f"/v1/entries/{did}/versions")).get_json()
+    assert [v["anchorState"] for v in listed["versions"]] == ["anchored"] * 3
+    assert listed["versions"][0] == entry
+    for shown in listed["versions"]:
+        r = await h.client.get(f"/v1/entries/{did}/versions/{shown['sequence']}")
+        assert await r.get_json() == shown
 
     # Delete writes a tombstone version, which records (and anchors) a `delete` intent; the
     # entry then reads 404 everywhere, the anchors listing included (spec 4.3: 404 entry not
@@ -398,7 +405,8 @@ async def test_a_cursor_with_a_trailing_newline_is_400(held: Held) -> None:
             "/v1/entries", json=signed_entry(publisher, did), headers=bearer(token, **idem())
         )
         assert r.status_code == 201, await r.get_data()
-        entry = signed_entry(publisher, did, sequence=(await r.get_json())["sequence"])
+        seq = (await r.get_json())["sequence"]
+        entry = signed_entry(publisher, did, sequence=seq, version="1.1.0", name="next")
         r = await client.put(f"/v1/entries/{did}", json=entry, headers=bearer(token, **idem()))
         assert r.status_code == 200, await r.get_data()
         cursors[did] = (await anchors(client, did, "?limit=1"))["cursor"]

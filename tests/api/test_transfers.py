@@ -25,7 +25,7 @@ from registry.usecases.common import now_ms
 from registry.vc import issue_credential
 from tests.api.api_support import JSON, anon_client, create, error_of, total_versions
 from tests.conftest import Harness
-from tests.helpers import bearer, idem, sign_in, signed_entry
+from tests.helpers import bearer, idem, next_version, sign_in, signed_entry
 
 DAY_MS = 24 * 3600 * 1000
 UNSIGNED = ("signature", "anchorState", "updatedAt", "verifiableAttestations")
@@ -155,6 +155,7 @@ async def accept(
 
 
 async def update_as_owner(w: World, based_on: int, **fields: Any) -> Any:
+    fields.setdefault("version", next_version())
     entry = signed_entry(w.owner, w.did, sequence=based_on, **fields)
     return await w.h.client.put(
         f"/v1/entries/{w.did}", json=entry, headers=bearer(w.owner_t, **idem())

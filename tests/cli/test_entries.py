@@ -92,6 +92,18 @@ def test_update_signs_a_new_version_based_on_the_current_sequence(cli: Cli) -> N
     assert cli.ok("get", first["entryDid"], "--sequence", first["sequence"]).json() == first
 
 
+def test_update_of_an_unchanged_file_or_a_reused_version_is_refused(cli: Cli) -> None:
+    first, path, key = _publish(cli)
+    line = cli("update", path, "--key", key).error_line()
+    assert line.startswith("registry: 409 version_unchanged: ")
+    assert "nothing to update" in line
+    _edit(path, description="other content, same version string")
+    line = cli("update", path, "--key", key).error_line()
+    assert line.startswith("registry: 409 version_exists: ")
+    assert f"is sequence {first['sequence']}: give this content a new \"version\"" in line
+    assert cli.ok("get", first["entryDid"]).json() == first  # nothing was written
+
+
 def test_update_based_on_a_stale_sequence_is_refused(cli: Cli) -> None:
     first, path, key = _publish(cli)
     _edit(path, version="1.0.1")
