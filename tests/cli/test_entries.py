@@ -100,7 +100,7 @@ def test_update_of_an_unchanged_file_or_a_reused_version_is_refused(cli: Cli) ->
     _edit(path, description="other content, same version string")
     line = cli("update", path, "--key", key).error_line()
     assert line.startswith("registry: 409 version_exists: ")
-    assert f"is sequence {first['sequence']}: give this content a new \"version\"" in line
+    assert f'is sequence {first["sequence"]}: give this content a new "version"' in line
     assert cli.ok("get", first["entryDid"]).json() == first  # nothing was written
 
 
