@@ -18,7 +18,6 @@ Redirects are never followed (the federation client does not follow them).
 from __future__ import annotations
 
 import ipaddress
-import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -59,15 +58,39 @@ def literal_address(host: str) -> IPAddress | None:
     try:
         address = ipaddress.ip_address(bare)
     except ValueError:
-        if not bare or not all(c in "0123456789abcdefx." for c in bare.lower()):
-            return None
-        try:
-            return ipaddress.IPv4Address(socket.inet_aton(bare))
-        except OSError:
-            return None
+        return _legacy_ipv4(bare)
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         return address.ipv4_mapped
     return address
+
+
+def _legacy_ipv4(text: str) -> ipaddress.IPv4Address | None:
+    """An IPv4 address in the forms `inet_aton` (and so an HTTP client's resolver) accepts:
+    one to four parts, each decimal, octal (leading 0) or hex (0x); the last fills the rest."""
+    parts = text.split(".")
+    if not 1 <= len(parts) <= 4:
+        return None
+    numbers = []
+    for part in parts:
+        lowered = part.lower()
+        try:
+            if lowered.startswith("0x"):
+                numbers.append(int(lowered[2:] or "0", 16))
+            elif len(part) > 1 and part.startswith("0"):
+                numbers.append(int(part, 8))
+            else:
+                numbers.append(int(part, 10) if part.isdigit() else -1)
+        except ValueError:
+            return None
+    if any(n < 0 for n in numbers):
+        return None
+    *head, last = numbers
+    if any(n > 255 for n in head) or last >= 1 << (8 * (4 - len(head))):
+        return None
+    value = 0
+    for n in head:
+        value = value << 8 | n
+    return ipaddress.IPv4Address(value << (8 * (4 - len(head))) | last)
 
 
 def is_public(address: IPAddress) -> bool:

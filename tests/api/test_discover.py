@@ -53,6 +53,7 @@ class Publisher:
             "verifiableAttestations",
             "itemDataHash",
             "publisherDid",
+            "version",  # a new version string: the update's own (a version names one content)
         }
         fields = {k: v for k, v in entry.items() if k not in skip}
         fields.update(changes)

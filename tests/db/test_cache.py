@@ -30,7 +30,7 @@ from registry.store.pg import Notifications, PgStore, open_pg_store
 from registry.usecases.common import Principal
 from service.wiring import Service, open_service
 from tests.conftest import make_config
-from tests.helpers import signed_entry
+from tests.helpers import next_version, signed_entry
 
 WAIT_SECONDS = 10  # for one change to reach the other process
 
@@ -340,7 +340,11 @@ async def test_a_change_drops_exactly_the_discovery_pages_it_can_move(
 
             # An entry leaving the results (its tags change) drops the page too.
             moved = signed_entry(
-                key, entry["entryDid"], tags=[elsewhere], sequence=created.sequence
+                key,
+                entry["entryDid"],
+                tags=[elsewhere],
+                sequence=created.sequence,
+                version=next_version(),
             )
             await settle(
                 other.deps.entries.update(_principal(key), entry["entryDid"], moved, None),
@@ -364,7 +368,11 @@ async def test_change_versions_reads_every_change_of_a_batch_in_one_query(
             created = await entries.create(_principal(key), first, None)
             other = await entries.create(_principal(key), signed_entry(key), None)
             moved = signed_entry(
-                key, first["entryDid"], tags=["xylophone"], sequence=created.sequence
+                key,
+                first["entryDid"],
+                tags=["xylophone"],
+                sequence=created.sequence,
+                version=next_version(),
             )
             updated = await entries.update(_principal(key), first["entryDid"], moved, None)
             assert created.sequence is not None
