@@ -119,10 +119,21 @@ def test_sockets_beyond_the_per_address_cap_get_1013(server: Server) -> None:
 
 
 def test_replays_from_one_address_are_admitted_by_a_budget(server: Server) -> None:
+    # A live subscriber from another address sees the new entry: the log actor has read it,
+    # so a subscription from sequence 0 is a replay.
+    watcher = websocket(server.url, "127.0.4.2")
+    watcher.sendall(client_frame(b'{"type":"subscribe"}'))
+    assert b'"subscribed"' in watcher.recv(65536)
     key = SigningKey.generate()
     with RegistryClient(server.url) as client:
         client.sign_in(key)
-        client.publish(entry_template(), key)
+        did = client.publish(entry_template(), key)["entryDid"]
+    seen = b""
+    deadline = time.monotonic() + 10
+    while did.encode() not in seen and time.monotonic() < deadline:
+        seen += watcher.recv(65536)
+    watcher.close()
+    assert did.encode() in seen
     sock = websocket(server.url, "127.0.4.1")
     subscribe = client_frame(json.dumps({"type": "subscribe", "fromSequence": 0}).encode())
     answers: list[str] = []
