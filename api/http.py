@@ -27,7 +27,7 @@ from registry import canonical
 from registry.caches import FollowedCache
 from registry.config import Config
 from registry.errors import Invalid, RateLimited, TooLarge, Unauthorized, UnsupportedMediaType
-from registry.ratelimit import Decision
+from registry.ratelimit import Decision, client_of
 from registry.store import Store
 from registry.usecases.anchors import Anchors
 from registry.usecases.common import Principal
@@ -111,12 +111,11 @@ def new_request_id() -> str:
 
 
 def client_address(config: Config) -> str:
-    hops = config.server.trusted_proxies
-    if hops:
-        forwarded = [p.strip() for p in request.headers.get("X-Forwarded-For", "").split(",") if p]
-        if len(forwarded) >= hops:
-            return forwarded[-hops]
-    return request.remote_addr or "unknown"
+    return client_of(
+        request.headers.get("X-Forwarded-For", ""),
+        request.remote_addr,
+        config.server.trusted_proxies,
+    )
 
 
 def bearer_token() -> str | None:

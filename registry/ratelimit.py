@@ -83,3 +83,14 @@ class Backoff:
         processes that failed together do not retry together."""
         base = self.delay(failures)
         return base / 2 + base / 2 * min(max(draw, 0.0), 1.0)
+
+
+def client_of(forwarded_for: str, peer: str | None, trusted_proxies: int) -> str:
+    """The client address a budget is kept for: the `trusted_proxies`-th address from the right
+    of `X-Forwarded-For` when that many proxies are trusted (and the header has that many), else
+    the TCP peer."""
+    if trusted_proxies:
+        forwarded = [p.strip() for p in forwarded_for.split(",") if p.strip()]
+        if len(forwarded) >= trusted_proxies:
+            return forwarded[-trusted_proxies]
+    return peer or "unknown"

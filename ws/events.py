@@ -48,7 +48,7 @@ from registry.config import EventsConfig
 from registry.errors import Invalid, RateLimited, RegistryError, Unauthorized
 from registry.events import ADMIN_KINDS, AuthMessage, Filter, SubscribeRequest
 from registry.models import validate_model
-from registry.ratelimit import Bucket, Rate, take
+from registry.ratelimit import Bucket, Rate, client_of, take
 from registry.usecases.common import Principal, now_ms
 from registry.usecases.sessions import Sessions
 from ws.transport import CURRENT_STREAM, FrameStream, text_frame
@@ -668,12 +668,9 @@ def _json(message: dict[str, Any]) -> str:
 
 def _client_address(trusted_proxies: int) -> str:
     """The client's address, as `api.http.client_address` reads it for HTTP requests."""
-    if trusted_proxies:
-        header = websocket.headers.get("X-Forwarded-For", "")
-        forwarded = [p.strip() for p in header.split(",") if p.strip()]
-        if len(forwarded) >= trusted_proxies:
-            return forwarded[-trusted_proxies]
-    return websocket.remote_addr or "unknown"
+    return client_of(
+        websocket.headers.get("X-Forwarded-For", ""), websocket.remote_addr, trusted_proxies
+    )
 
 
 def _token(headers: Any, cookies: Any) -> str | None:

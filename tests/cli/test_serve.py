@@ -157,3 +157,29 @@ def test_the_service_starts_with_max_page_size_2_and_pages_by_2(server: Server) 
             entry = client.update({**entry, "version": f"1.{n}"}, key, based_on=entry["sequence"])
         page = client.versions(entry["entryDid"])
     assert (len(page["versions"]), page["hasMore"], page["totalCount"]) == (2, True, 3)
+
+
+def test_the_open_files_limit_is_raised_and_the_connection_cap_kept_below_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import resource
+
+    from registry.config import load_config
+    from service.serve import FILES_RESERVED, connection_limits, raise_file_limit
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    lowered = min(1024, hard)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (lowered, hard))
+    try:
+        with caplog.at_level("INFO", logger="registry"):
+            assert raise_file_limit() == hard
+        assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == hard
+        if hard > lowered:
+            assert f"open files limit raised from {lowered} to {hard}" in caplog.text
+        config = load_config(None, environ={})
+        limits = connection_limits(config, 1024)
+        assert limits.max_connections == 1024 - FILES_RESERVED
+        assert "server.max_connections lowered from 4096 to 768" in caplog.text
+        assert connection_limits(config, 1 << 20).max_connections == 4096
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -746,6 +746,32 @@ def _logged(lines: list[str], text: str) -> bool:
     return any(text in line for line in lines)
 
 
+# --- limits.md: a connection over the per-address cap ------------------------------------------
+
+
+@story
+def story_limits(ctx: Context) -> Outputs:
+    """A registry allowing one connection per client address: a held connection (answered once,
+    so it is counted), then a second from the same address, answered without its request being
+    read (headers shown: the status line, content-type, retry-after, connection)."""
+    import socket
+
+    env = {"REGISTRY_SERVER__MAX_CONNECTIONS_PER_CLIENT": "1"}
+    with registry(ctx.databases, "limits", ctx.tmp / "data", env) as server:
+        host, port = server.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=DEADLINE) as held:
+            held.sendall(b"GET /v1/health HTTP/1.1\r\nHost: r\r\n\r\n")
+            assert held.recv(12) == b"HTTP/1.1 200"
+            with socket.create_connection((host, int(port)), timeout=DEADLINE) as extra:
+                answer = b""
+                while chunk := extra.recv(65536):
+                    answer += chunk
+    head, _, body = answer.decode().partition("\r\n\r\n")
+    status, *headers = head.split("\r\n")
+    shown = [h for h in headers if h.split(":")[0] in ("content-type", "retry-after", "connection")]
+    return {"refused": "\n".join([status, *shown, "", body])}
+
+
 # --- errors.md: an unexpected failure -----------------------------------------------------------
 
 

@@ -148,3 +148,13 @@ def test_replays_from_one_address_are_admitted_by_a_budget(server: Server) -> No
         answers.append("limited" if b"replay_rate_limited" in buffer else "replayed")
     sock.close()
     assert answers == ["replayed"] * 6 + ["limited"] * 2  # replays_per_minute = 6 here
+
+
+def test_an_integer_of_thousands_of_digits_in_a_message_is_a_4400(server: Server) -> None:
+    sock = websocket(server.url, "127.0.4.3")
+    sock.sendall(client_frame(b'{"type":"subscribe","fromSequence":' + b"9" * 5000 + b"}"))
+    data, closed = read_until_closed(sock, limit=8)
+    sock.close()
+    assert closed
+    assert close_code(data) == 4400
+    assert b"outside" in data  # the reason names the rule: an integer outside +-(2^53-1)

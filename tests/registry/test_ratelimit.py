@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from registry.ratelimit import Backoff, Bucket, Decision, Rate, is_idle, refill, take
+from registry.ratelimit import Backoff, Bucket, Decision, Rate, client_of, is_idle, refill, take
 
 
 def drain(rate: Rate, now: float, count: int) -> tuple[list[Decision], Bucket | None]:
@@ -159,3 +159,19 @@ def test_backoff_before_any_failure_is_the_initial_delay() -> None:
 def test_backoff_stays_at_the_ceiling_after_very_many_failures(failures: int) -> None:
     # At the 30 s ceiling, 1025 consecutive failures take about eight and a half hours.
     assert Backoff().delay(failures) == 30.0
+
+
+@pytest.mark.parametrize(
+    ("header", "peer", "hops", "client"),
+    [
+        ("", "10.0.0.9", 0, "10.0.0.9"),
+        ("1.2.3.4", "10.0.0.9", 0, "10.0.0.9"),  # no proxy trusted: the header is anyone's
+        ("1.2.3.4", "10.0.0.9", 1, "1.2.3.4"),
+        ("6.6.6.6, 1.2.3.4", "10.0.0.9", 1, "1.2.3.4"),  # the client cannot choose its address
+        ("6.6.6.6, 1.2.3.4, 10.0.0.8", "10.0.0.9", 2, "1.2.3.4"),
+        ("1.2.3.4", "10.0.0.9", 2, "10.0.0.9"),  # fewer hops than trusted: the peer
+        (" , ", None, 1, "unknown"),
+    ],
+)
+def test_the_client_of_a_request(header: str, peer: str | None, hops: int, client: str) -> None:
+    assert client_of(header, peer, hops) == client

@@ -1,0 +1,120 @@
+"""The connection bounds of ws/transport.py as plain rules: admission counts per client address,
+and the client's WebSocket frames parsed from their headers, however the bytes are split."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import trio
+
+from ws.transport import ClientFrames, ConnectionGuard, ConnectionLimits, _FrameRefused, client_key
+
+
+@pytest.mark.parametrize(
+    ("host", "key"),
+    [
+        ("127.0.0.1", "127.0.0.1"),
+        ("2001:db8:1:2:aaaa::1", "2001:db8:1:2::/64"),
+        ("2001:db8:1:2:ffff:ffff:ffff:ffff", "2001:db8:1:2::/64"),
+        ("::ffff:10.1.2.3", "10.1.2.3"),
+        ("not-an-address", "not-an-address"),
+    ],
+)
+def test_a_client_is_its_address_or_its_ipv6_64(host: str, key: str) -> None:
+    assert client_key(host) == key
+
+
+async def test_admission_counts_per_address_and_in_all() -> None:
+    guard = ConnectionGuard(ConnectionLimits(max_connections=3, max_per_client=2))
+    assert guard.admit("a") is None
+    assert guard.admit("a") is None
+    assert guard.admit("a") == "too many open connections from this address"
+    assert guard.admit("b") is None
+    assert guard.admit("c") == "the server has too many open connections"
+    guard.release("a")
+    assert guard.admit("c") is None
+    assert guard.statistics() == {"open": 3, "clients": 3, "refused": 2}
+    for key in ("a", "b", "c"):
+        guard.release(key)
+    assert guard.statistics() == {"open": 0, "clients": 0, "refused": 2}
+
+
+def frame(
+    payload: bytes, opcode: int = 0x1, *, final: bool = True, declared: int | None = None
+) -> bytes:
+    size = len(payload) if declared is None else declared
+    first = (0x80 if final else 0) | opcode
+    if size < 126:
+        head = bytes((first, 0x80 | size))
+    elif size < 1 << 16:
+        head = bytes((first, 0xFE)) + size.to_bytes(2, "big")
+    else:
+        head = bytes((first, 0xFF)) + size.to_bytes(8, "big")
+    return head + os.urandom(4) + payload
+
+
+LIMITS = ConnectionLimits(max_ws_message=1000, ws_control_per_minute=3)
+
+
+def feed_split(frames: ClientFrames, data: bytes, step: int, now: float = 0.0) -> None:
+    for i in range(0, len(data), step):
+        frames.feed(data[i : i + step], now)
+
+
+@pytest.mark.parametrize("step", [1, 2, 3, 7, 13, 100_000])
+def test_messages_within_the_limit_pass_however_the_bytes_are_split(step: int) -> None:
+    stream = (
+        frame(b"x" * 1000)
+        + frame(b"y" * 125)
+        + frame(b"z" * 126)
+        + frame(b"a" * 500, final=False)
+        + frame(b"b" * 500, opcode=0x0)
+        + frame(b"", opcode=0xA)
+        + frame(b"q" * 1000, opcode=0x2)
+    )
+    feed_split(ClientFrames(LIMITS), stream, step)
+
+
+@pytest.mark.parametrize("step", [1, 5, 100_000])
+def test_a_message_over_the_limit_is_refused_from_its_header(step: int) -> None:
+    frames = ClientFrames(LIMITS)
+    data = frame(b"", declared=16_000_000)  # the header alone: no payload was sent
+    with pytest.raises(_FrameRefused) as refused:
+        feed_split(frames, data, step)
+    assert refused.value.code == 1009
+
+
+def test_fragments_are_counted_together() -> None:
+    frames = ClientFrames(LIMITS)
+    frames.feed(frame(b"a" * 600, final=False), 0.0)
+    frames.feed(frame(b"", opcode=0x9), 0.0)  # a ping between fragments is its own
+    with pytest.raises(_FrameRefused) as refused:
+        frames.feed(frame(b"", opcode=0x0, declared=401), 0.0)
+    assert refused.value.code == 1009
+
+
+def test_pings_beyond_the_budget_are_refused_and_it_refills() -> None:
+    frames = ClientFrames(LIMITS)
+    for _ in range(3):
+        frames.feed(frame(b"p", opcode=0x9), 0.0)
+    with pytest.raises(_FrameRefused) as refused:
+        frames.feed(frame(b"p", opcode=0x9), 1.0)
+    assert refused.value.code == 1008
+    later = ClientFrames(LIMITS)
+    for second in range(0, 200, 20):  # one every 20 s: within 3 a minute
+        later.feed(frame(b"p", opcode=0x9), float(second))
+
+
+async def test_the_guard_logs_refusals_at_most_every_ten_seconds(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    guard = ConnectionGuard(ConnectionLimits(max_connections=1, max_per_client=1))
+    assert guard.admit("a") is None
+    for _ in range(100):
+        guard.admit("a")
+    await trio.sleep(10)
+    guard.admit("a")
+    warnings = [r for r in caplog.records if r.name == "ws.transport"]
+    assert len(warnings) == 2
+    assert "101 refused so far" in warnings[-1].getMessage()
