@@ -22,9 +22,11 @@ from collections.abc import Sequence
 import trio
 
 from actors.log import Lagged, LogHandle, Subscription
+from actors.supervisor import back_off, database_ready
 from registry.caches import FollowedCache, ResultCache, Served
 from registry.changes import LogRecord
 from registry.errors import Unavailable
+from registry.outage import ConditionLog
 from registry.ratelimit import Backoff
 from registry.store import SessionRecord, Store
 
@@ -74,6 +76,8 @@ async def run_cache_keeper(
     """Keep `caches` true until cancelled; reports started once it follows the log live."""
     started = False
     failures = 0
+    outage = ConditionLog("cache keeper")
+    ready = database_ready(store, writes=False)
     try:
         while True:
             lagged = unavailable = False
@@ -87,6 +91,9 @@ async def run_cache_keeper(
                     nursery.start_soon(_apply, subscription, store, caches)
                     await _wait_live(subscription)
                     failures = 0
+                    line = outage.succeeded(trio.current_time())
+                    if line is not None:
+                        log.info(line)
                     if not started:
                         task_status.started()
                         started = True
@@ -100,8 +107,10 @@ async def run_cache_keeper(
             if unavailable:
                 failures += 1
                 delay = BACKOFF.jittered(failures, random.random())
-                log.warning("cache keeper cannot read the log; retry in %.1fs", delay)
-                await trio.sleep(delay)
+                line = outage.failed("cannot read the log", trio.current_time())
+                if line is not None:
+                    log.warning("%s; retry in %.1fs", line, delay)
+                await back_off(delay, ready)
     finally:
         caches.set_live(False)
 

@@ -38,7 +38,7 @@ from typing import Any, Literal, Protocol
 
 import trio
 
-from actors.supervisor import supervise
+from actors.supervisor import database_ready, supervise
 from registry.changes import LogRecord
 from registry.store import LogWakeups, Store
 
@@ -310,6 +310,7 @@ async def run_log(
         await supervise(
             "log",
             lambda: _connected(store, state, stats, inbox, wake, poll_seconds, coalesce_seconds),
+            ready=database_ready(store, writes=False),
         )
 
 

@@ -3,10 +3,13 @@
 Theory of operation: `supervise` runs `body()` until it returns. A clean return ends supervision
 (the actor's channel was closed: shutdown). A *known* failure (by default the service's own
 `Unavailable`, e.g. the database went away, and connection errors) is logged and the actor is
-restarted after `Backoff.jittered(consecutive failures)` (a group of known failures raised
+restarted after `Backoff.jittered(consecutive failures)`, or as soon as `ready()` says what
+failed works again (asked every second: `back_off`) (a group of known failures raised
 through the body's nurseries is known too); a run that lasted longer than
 `stable_after` seconds resets the count. Anything else is a bug: it propagates and stops the
-service loudly rather than being retried forever. Cancellation (shutdown) passes straight through.
+service loudly rather than being retried forever. The log says a failure once, then the same
+failure again at most once a minute with a count (`registry/outage.py`), so an outage of
+any length is a few lines. Cancellation (shutdown) passes straight through.
 """
 
 from __future__ import annotations
@@ -18,12 +21,22 @@ from dataclasses import dataclass
 
 import trio
 
-from registry.errors import Unavailable
+from registry.errors import RegistryError, Unavailable
+from registry.outage import ConditionLog
 from registry.ratelimit import Backoff
+from registry.store import Store
 
 log = logging.getLogger(__name__)
 
 KNOWN_FAILURES: tuple[type[Exception], ...] = (Unavailable, ConnectionError)
+READY_EVERY = 1.0  # seconds between two readiness checks during a backoff
+
+
+def describe(exc: BaseException) -> str:
+    """`Type: message` of a failure, through the groups of one that nurseries wrap it in."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return f"{type(exc).__name__}: {exc}"
 
 
 def is_known(exc: BaseException, known: tuple[type[Exception], ...]) -> bool:
@@ -49,9 +62,11 @@ async def supervise(
     stable_after: float = 60.0,
     stats: SupervisorStats | None = None,
     draw: Callable[[], float] = random.random,
+    ready: Callable[[], Awaitable[bool]] | None = None,
 ) -> None:
     backoff = backoff or Backoff()
     stats = stats or SupervisorStats()
+    outage = ConditionLog(f"actor {name}")  # the same failure again: a line a minute at most
     while True:
         started = trio.current_time()
         try:
@@ -59,14 +74,60 @@ async def supervise(
         except Exception as exc:
             if not is_known(exc, known):
                 raise
-            if trio.current_time() - started >= stable_after:
+            now = trio.current_time()
+            if now - started >= stable_after:
                 stats.consecutive_failures = 0
+                outage.succeeded(now)  # a run that held: a new failure is news again
             stats.consecutive_failures += 1
             stats.restarts += 1
-            stats.last_error = f"{type(exc).__name__}: {exc}"
+            stats.last_error = describe(exc)
             delay = backoff.jittered(stats.consecutive_failures, draw())
-            log.warning("actor %s failed (%s); restarting in %.1fs", name, stats.last_error, delay)
-            await trio.sleep(delay)
+            if outage.failed(stats.last_error, now) is not None:  # news, or a minute of it
+                if outage.failures == 1:
+                    log.warning(
+                        "actor %s failed (%s); restarting in %.1fs", name, stats.last_error, delay
+                    )
+                else:
+                    log.warning(
+                        "actor %s still failing (%s): %d restarts so far; next in %.1fs",
+                        name,
+                        stats.last_error,
+                        outage.failures,
+                        delay,
+                    )
+            await back_off(delay, ready)
         else:
             log.info("actor %s stopped", name)
             return
+
+
+async def back_off(delay: float, ready: Callable[[], Awaitable[bool]] | None) -> None:
+    """Wait `delay` seconds, or less: with `ready`, ask it every second whether what failed
+    works again (the database answers and takes writes), and stop waiting when it does. A
+    backoff of up to 30 s then never keeps a recovered service degraded for more than about a
+    second, while a service that stays down is still retried no faster than the backoff."""
+    if ready is None:
+        await trio.sleep(delay)
+        return
+    deadline = trio.current_time() + delay
+    while (left := deadline - trio.current_time()) > 0:
+        await trio.sleep(min(READY_EVERY, left))
+        if trio.current_time() < deadline and await ready():
+            return
+
+
+def database_ready(store: Store, *, writes: bool) -> Callable[[], Awaitable[bool]]:
+    """A `ready` for actors of the database: it answers (and, with `writes`, takes writes)."""
+
+    async def ready() -> bool:
+        with trio.move_on_after(READY_EVERY):
+            try:
+                if writes:
+                    return await store.write_condition() is None
+                await store.ping()
+                return True
+            except RegistryError:
+                return False
+        return False
+
+    return ready

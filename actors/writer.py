@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import trio
 
 from registry.changes import Change, IdemKey, Outcome
 from registry.errors import Invalid, RegistryError, Unavailable
+from registry.outage import ConditionLog
 from registry.store import Store
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,8 @@ class WriterStats:
     batches: int = 0
     changes: int = 0
     largest_batch: int = 0
+    refused: str | None = None  # the condition of the last batch, if the database refused it
+    outage: ConditionLog = field(default_factory=lambda: ConditionLog("writes"))
 
 
 class Writer:
@@ -73,6 +76,11 @@ class Writer:
 
     async def aclose(self) -> None:
         await self._send.aclose()
+
+    def condition(self) -> str | None:
+        """Why the last batch failed (`database_full`, `database_read_only`, ...), until one
+        succeeds; None while writes succeed."""
+        return self._stats.refused
 
     def statistics(self) -> dict[str, int]:
         return {
@@ -123,6 +131,11 @@ async def _write_batch(store: Store, batch: list[_Append], stats: WriterStats) -
     except RegistryError as exc:
         for item in batch:
             _answer(item, exc)
+        if isinstance(exc, Unavailable):  # a condition of the database: health reports it
+            stats.refused = exc.code
+            line = stats.outage.failed(exc.code, trio.current_time())
+            if line is not None:
+                log.warning(line)
         return
     except BaseException:
         interrupted = Unavailable("the write was interrupted", code="write_interrupted")
@@ -131,6 +144,11 @@ async def _write_batch(store: Store, batch: list[_Append], stats: WriterStats) -
         raise
     for item, outcome in zip(batch, outcomes, strict=True):
         _answer(item, outcome)
+    if stats.refused is not None:
+        stats.refused = None
+        line = stats.outage.succeeded(trio.current_time())
+        if line is not None:
+            log.info(line)
     stats.batches += 1
     stats.changes += len(batch)
     stats.largest_batch = max(stats.largest_batch, len(batch))

@@ -158,10 +158,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from service.serve import serve
 
     _setup_logging(config)
+    serving = False
+
+    async def run() -> None:
+        nonlocal serving
+        async with trio.open_nursery() as nursery:
+            await nursery.start(partial(serve, config, reload=lambda: _config(args)))
+            serving = True  # from here a database fault is a condition, never the URL's fault
+
     try:
-        trio.run(partial(serve, config, reload=lambda: _config(args)))
+        trio.run(run)
     except BaseException as exc:  # the checks above can race: explain what `serve` met
-        failure = _server_failure(exc, config)
+        failure = None if serving else _server_failure(exc, config)
         if failure is None:
             raise
         raise failure from exc

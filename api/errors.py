@@ -13,7 +13,7 @@ from typing import Any
 
 from quart import Response, g, has_request_context, request
 
-from registry.errors import RateLimited, RegistryError
+from registry.errors import RateLimited, RegistryError, Unavailable
 
 log = logging.getLogger("registry.api")
 
@@ -62,4 +62,6 @@ def error_response(exc: BaseException, request_id: str) -> Response:
         response.headers["RateLimit-Limit"] = str(exc.limit)
         response.headers["RateLimit-Remaining"] = "0"
         response.headers["RateLimit-Reset"] = str(max(1, math.ceil(exc.retry_after)))
+    elif isinstance(exc, Unavailable):  # a condition that passes: say when to try again
+        response.headers["Retry-After"] = "1"
     return response

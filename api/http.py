@@ -59,6 +59,7 @@ class Deps:
     transfers: Transfers
     anchors: Anchors
     federation: Federation
+    write_condition: Callable[[], str | None] = lambda: None  # the writer's last refusal
 
     @property
     def registry_did(self) -> str:

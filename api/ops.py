@@ -18,17 +18,32 @@ async def _checks() -> dict[str, str]:
     try:
         with trio.fail_after(2):
             version = await d.store.schema_version()
+            read_only = await d.store.write_condition()  # asked now: recovery shows at once
         checks["database"] = "ok"
         expected = len(load_migrations())
         checks["migrations"] = "ok" if version == expected else f"at {version}, expected {expected}"
+        # Writes: refused now (a read-only database), or the last write failed for a
+        # condition of the database (a full disk) and none has succeeded since.
+        refused = read_only or _write_refusal(d.write_condition())
+        checks["writes"] = "ok" if refused is None else f"failing: {refused}"
     except (RegistryError, trio.TooSlowError, OSError) as exc:
-        checks["database"] = f"failing: {type(exc).__name__}"
+        code = exc.code if isinstance(exc, RegistryError) else type(exc).__name__
+        checks["database"] = f"failing: {code}"
     live = all(cache.enabled for cache in d.caches)
     checks["cache"] = "ok" if live else "degraded: not following the log live"
     return checks
 
 
+def _write_refusal(condition: str | None) -> str | None:
+    # A read-only refusal the probe no longer sees has passed; the others last until a write
+    # succeeds (a full disk shows only when a write needs the space).
+    return None if condition in (None, "database_read_only") else condition
+
+
 def _status(checks: dict[str, str]) -> str:
+    """`failing` (503) when the database cannot be used at all; `degraded` (200) when it
+    serves reads but refuses writes, or a cache is not live: reads go on, so a load balancer
+    should keep the node."""
     if checks.get("database") != "ok":
         return "failing"
     return "ok" if all(v == "ok" for v in checks.values()) else "degraded"

@@ -19,7 +19,7 @@ from actors.federation import FederationHandle, HttpTransport, PeerDeps, run_fed
 from actors.janitor import run_janitor
 from actors.log import LogHandle, run_log
 from actors.ratelimiter import RateLimiter, run_rate_limiter
-from actors.supervisor import supervise
+from actors.supervisor import database_ready, supervise
 from actors.writer import Writer, run_writer
 from api.app import create_app
 from api.http import Deps
@@ -99,7 +99,13 @@ async def open_service(
         limiter: RateLimiter = await nursery.start(run_rate_limiter, rates)
         # Housekeeping: any failure of a pass is retried later (never worth stopping the service).
         nursery.start_soon(
-            partial(supervise, "janitor", lambda: run_janitor(store), known=(Exception,))
+            partial(
+                supervise,
+                "janitor",
+                lambda: run_janitor(store),
+                known=(Exception,),
+                ready=database_ready(store, writes=True),
+            )
         )
 
         changes = ChangeLog(writer.append, store)
@@ -178,7 +184,11 @@ async def open_service(
 
         async def run_peers() -> None:
             async with client:
-                await supervise("federation", partial(run_federation, federation_deps))
+                await supervise(
+                    "federation",
+                    partial(run_federation, federation_deps),
+                    ready=database_ready(store, writes=True),
+                )
 
         nursery.start_soon(run_peers)
         deps = Deps(
@@ -204,6 +214,7 @@ async def open_service(
                 on_change=anchoring.nudge,
             ),
             federation=federation,
+            write_condition=writer.condition,
         )
         app = create_app(deps)
         register_events(
@@ -256,5 +267,6 @@ async def _start_anchoring(
                 handle=handle,
                 clock_ms=now_ms,
             ),
+            ready=database_ready(store, writes=True),
         )
     )

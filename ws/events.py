@@ -48,6 +48,7 @@ from registry.config import EventsConfig
 from registry.errors import Invalid, RateLimited, RegistryError, Unauthorized
 from registry.events import ADMIN_KINDS, AuthMessage, Filter, SubscribeRequest
 from registry.models import validate_model
+from registry.outage import ConditionLog
 from registry.ratelimit import Bucket, Rate, client_of, take
 from registry.usecases.common import Principal, now_ms
 from registry.usecases.sessions import Sessions
@@ -86,6 +87,7 @@ class EventDeps:
     trusted_proxies: int = 0  # X-Forwarded-For hops trusted for the client address
     per_client: dict[str, int] = field(default_factory=dict)  # open sockets per address
     replaying: trio.CapacityLimiter | None = None  # replay pages read at once (the process)
+    outage: ConditionLog = field(default_factory=lambda: ConditionLog("event subscriptions"))
 
     def __post_init__(self) -> None:
         if self.replaying is None:
@@ -354,9 +356,13 @@ class Connection:
                     self._closed = True
                     raise _Closed
                 # disconnected: the log actor restarts; replay from here and attach again
-        except (RegistryError, trio.BrokenResourceError, trio.ClosedResourceError):
-            # the log cannot be read, or the log actor has stopped (shutdown)
-            log.warning("event subscription cannot follow the log", exc_info=True)
+        except (RegistryError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            # The log cannot be read, or the log actor has stopped (shutdown): a condition of
+            # the database or the process, logged once per condition (registry/outage.py).
+            condition = exc.code if isinstance(exc, RegistryError) else "log actor stopped"
+            line = self.deps.outage.failed(condition, trio.current_time())
+            if line is not None:
+                log.warning(line)
             await self.close(CLOSE_INTERNAL, self._resume("unavailable"))
         finally:
             sink.end()
@@ -375,6 +381,9 @@ class Connection:
             assert self.deps.replaying is not None
             async with self.deps.replaying:  # a few pages at once: the pool serves others too
                 records = await logs.read(self.position)
+            line = self.deps.outage.succeeded(trio.current_time())
+            if line is not None:
+                log.info(line)
             if records:
                 sink.replay(Batch(records, trio.current_time()))
                 await self._flush(sink.writer)

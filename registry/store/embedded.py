@@ -81,6 +81,17 @@ class EmbeddedPostgres:
         self._log.info("stopped embedded PostgreSQL in %s", cluster)
         self._drop_socket_dir(cluster, lines)
 
+    def control(self, *args: str, timeout: float = 120) -> None:
+        """Run `pg_ctl ARGS -D <cluster>` as the cluster's user (restart, stop, ...): for the
+        operator's tools and the fault-injection tests."""
+        self._run([self._exe("pg_ctl"), *args, "-D", str(self._resolve())], timeout=timeout)
+
+    @property
+    def owner(self) -> tuple[int, int]:
+        """The uid and gid the cluster runs as (a directory it must write is theirs)."""
+        stat = self._resolve().stat()
+        return stat.st_uid, stat.st_gid
+
     def _start(self) -> str:
         cluster, pg_ctl = self._resolve(), self._exe("pg_ctl")
         self._make_cluster_dir(cluster)

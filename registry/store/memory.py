@@ -624,6 +624,7 @@ class MemoryStore:
         self.latency = latency
         self.fail_reads = False
         self.fail_writes = False
+        self.write_refusal: str | None = None  # what `write_condition` reports (tests)
         self.drop_wakeups = False
         self.batch_sizes: list[int] = []  # the size of every append that committed
         self._schema_version = schema_version
@@ -661,6 +662,10 @@ class MemoryStore:
 
     async def ping(self) -> None:
         await self._call(write=False)
+
+    async def write_condition(self) -> str | None:
+        await self._call(write=False)
+        return self.write_refusal
 
     async def schema_version(self) -> int:
         await self._call(write=False)

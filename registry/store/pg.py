@@ -59,6 +59,45 @@ SESSION_SETTINGS: dict[str, str] = {
 }
 
 
+# Database faults, by SQLSTATE (PostgreSQL, Appendix A): exact codes first, then classes. Each
+# is a condition the database is in, not a fault of the request: 503 with a code that names it,
+# and the actors back off and retry. What is not here (syntax, undefined objects, constraint
+# violations the SQL does not expect) is a bug and propagates.
+CONDITIONS: dict[str, tuple[str, str]] = {
+    "25006": ("database_read_only", "the database refuses writes (it is read-only)"),
+    "53100": ("database_full", "the database's disk is full"),
+    "53200": ("database_out_of_memory", "the database is out of memory"),
+    "53300": ("database_busy", "the database has too many connections"),
+    "57014": ("database_timeout", "the database cancelled the statement (a timeout)"),
+    "08": ("database_unavailable", "the database connection failed"),
+    "40": ("database_busy", "the database rolled the transaction back (conflict or deadlock)"),
+    "53": ("database_unavailable", "the database lacks a resource"),
+    "55": ("database_busy", "a database object is in use"),
+    "57": ("database_unavailable", "the database is shutting down or starting"),
+    "58": ("database_unavailable", "the database had a system error"),
+    "XX": ("database_unavailable", "the database had an internal error"),
+}
+_DISK_FULL = ("No space left on device", "could not write", "could not extend file")
+
+
+def condition_of(exc: BaseException) -> tuple[str, str] | None:
+    """(code, what) of a database fault that is a condition of the database, else None."""
+    state = getattr(exc, "sqlstate", None)
+    if isinstance(exc, asyncpg.PostgresError) and isinstance(state, str):
+        if state.startswith("XX") and any(text in str(exc) for text in _DISK_FULL):
+            return CONDITIONS["53100"]  # e.g. `could not write init file` on a full disk
+        return CONDITIONS.get(state) or CONDITIONS.get(state[:2])
+    if isinstance(
+        exc,
+        asyncpg.exceptions.ConnectionDoesNotExistError
+        | asyncpg.exceptions.InternalClientError
+        | ConnectionError
+        | OSError,
+    ):
+        return CONDITIONS["08"]
+    return None
+
+
 def _translate(exc: BaseException) -> BaseException:
     if isinstance(exc, asyncpg.exceptions.DataError):  # SQLSTATE class 22: a value it refuses
         return Invalid(
@@ -66,19 +105,11 @@ def _translate(exc: BaseException) -> BaseException:
             code="value_not_storable",
             details={"sqlstate": exc.sqlstate},
         )
-    if isinstance(
-        exc,
-        asyncpg.exceptions.ConnectionDoesNotExistError
-        | asyncpg.exceptions.PostgresConnectionError  # SQLSTATE class 08
-        | asyncpg.exceptions.InsufficientResourcesError  # class 53, e.g. too many connections
-        | asyncpg.exceptions.CannotConnectNowError
-        | asyncpg.exceptions.InternalClientError
-        | asyncpg.exceptions.OperatorInterventionError  # e.g. the server is shutting down
-        | ConnectionError
-        | OSError,
-    ):
-        return Unavailable("the database is unavailable", code="database_unavailable")
-    return exc
+    condition = condition_of(exc)
+    if condition is None:
+        return exc
+    code, what = condition
+    return Unavailable(what, code=code, details={"retryAfterSeconds": 1})
 
 
 def _seam(fn: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, Coroutine[Any, Any, T]]:
@@ -264,6 +295,15 @@ class PgStore:
     @_seam
     async def ping(self) -> None:
         await self._pool.fetchval("SELECT 1")
+
+    @_seam
+    async def write_condition(self) -> str | None:
+        # A read-only primary (default_transaction_read_only, as a failover may leave one) or
+        # a standby: transactions begin read-only. (A full disk shows only when a write fails.)
+        read_only = await self._pool.fetchval(
+            "SELECT current_setting('transaction_read_only') = 'on' OR pg_is_in_recovery()"
+        )
+        return "database_read_only" if read_only else None
 
     @_seam
     async def schema_version(self) -> int:

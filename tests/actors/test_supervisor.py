@@ -3,6 +3,7 @@ and cancellation passing straight through."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -12,6 +13,7 @@ import trio.testing
 
 from actors.supervisor import SupervisorStats
 from actors.supervisor import supervise as supervise_known
+from registry.errors import Unavailable
 from registry.ratelimit import Backoff
 
 
@@ -139,7 +141,7 @@ async def test_an_exception_group_from_the_bodys_nursery_is_a_crash(
     await supervise("worker", body, stats=stats)
     assert body.offsets(origin) == [0.0, 0.5]
     assert stats.last_error is not None
-    assert "ExceptionGroup" in stats.last_error
+    assert stats.last_error == "ValueError: child failed"  # the one failure, not its group
 
 
 async def test_cancellation_while_the_body_runs_is_not_a_crash(
@@ -311,3 +313,42 @@ async def test_a_group_with_an_unknown_failure_propagates(
     with pytest.RaisesGroup(Unavailable, KeyError):
         await supervise_known("log", body)
     assert len(body.starts) == 1
+
+
+async def test_an_outage_of_any_length_is_a_few_lines(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The database down for ten minutes: the same failure on every restart is said once, then
+    once a minute with a count (registry/outage.py), not once per restart."""
+    caplog.set_level(logging.INFO, logger="actors.supervisor")
+
+    async def script(run: int) -> None:
+        if trio.current_time() < 600:
+            raise Unavailable("the database connection failed", code="database_unavailable")
+
+    await supervise("log", Recorder(script), draw=lambda: 0.5)
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert said[0].startswith("actor log failed (Unavailable: the database connection failed)")
+    assert all("still failing" in line for line in said[1:])
+    assert 9 <= len(said) <= 12  # one, then about one a minute for ten minutes
+
+
+async def test_a_backoff_ends_within_a_second_of_recovery(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """`ready` is asked every second during a backoff: the restart follows the recovery, not
+    the backoff's end (here 30 s)."""
+    back_at = 40.0
+    origin = trio.current_time()
+
+    async def script(run: int) -> None:
+        if trio.current_time() - origin < back_at:
+            raise Unavailable("down", code="database_unavailable")
+
+    async def ready() -> bool:
+        return trio.current_time() - origin >= back_at
+
+    body = Recorder(script)
+    await supervise("log", body, draw=lambda: 0.5, ready=ready, backoff=Backoff(maximum=30.0))
+    assert body.starts[-1] - origin - back_at < 1.0 + 1e-9
+    assert all(b - a <= 30.0 + 1e-9 for a, b in itertools.pairwise(body.starts))
