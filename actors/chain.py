@@ -115,14 +115,18 @@ async def run_local_chain(
     *,
     interval: float,
     clock_ms: Callable[[], int],
+    settle: int | None = None,
     task_status: trio.TaskStatus[LocalChain] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Own the local chain (and its journal file) until cancelled, sealing a block every
-    `interval` seconds (0: blocks are sealed by the client's calls instead)."""
+    `interval` seconds (0: blocks are sealed by the client's calls instead). With `settle`, a
+    block only while the chain is not idle: a transaction waits, or the newest sealed one has
+    fewer than `settle` confirmations (the finality depth, and one more)."""
     with open_local_chain(path) as chain:
         task_status.started(chain)
         if interval <= 0:
             await trio.sleep_forever()
         while True:
             await trio.sleep(interval)
-            chain.produce_block(clock_ms())
+            if settle is None or not chain.idle(settle):
+                chain.produce_block(clock_ms())

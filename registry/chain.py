@@ -75,6 +75,8 @@ class LocalChain:
         self._fail = 0
         self.calls = 0
         self._last_reorged: list[str] = []
+        self._waiting: dict[str, _Tx] = {}  # transactions not in a block yet (the mempool)
+        self._last_busy: int | None = None  # the newest block that carries a transaction
 
     # --- faults ---------------------------------------------------------------------------
 
@@ -147,7 +149,14 @@ class LocalChain:
 
     @property
     def mempool(self) -> int:
-        return sum(1 for tx in self._txs.values() if tx.height is None)
+        return len(self._waiting)
+
+    def idle(self, settle: int) -> bool:
+        """Nothing to seal: no transaction waits for a block, and the newest that was sealed
+        has `settle` confirmations (as final as anyone asks). An idle chain seals no block, so
+        its journal grows with the anchoring it does, not with time."""
+        settled = self._last_busy is None or self.head - self._last_busy + 1 >= settle
+        return not self._waiting and settled
 
     def block_roots(self, height: int) -> list[str]:
         """The roots anchored in block `height` (what an independent verifier checks)."""
@@ -171,16 +180,20 @@ class LocalChain:
             tx = _Tx(event["tx"], event["root"], self.head + 1 + int(event["wait"]))
             self._txs[tx.tx_id] = tx
             self._by_key[event["key"]] = tx.tx_id
+            self._waiting[tx.tx_id] = tx
         elif op == "drop":
             self._by_key[event["key"]] = event["tx"]
         elif op == "block":
             height = self.head + 1
             block = _Block(height, _hash(f"{self._blocks[-1].hash}:{height}:{event['time']}"), 0)
             block.time_ms = int(event["time"])
-            for tx in self._txs.values():
-                if tx.height is None and tx.ready_at <= height:
+            for tx in list(self._waiting.values()):  # in submission order, as before
+                if tx.ready_at <= height:
                     tx.height = height
                     block.txs.append(tx.tx_id)
+                    del self._waiting[tx.tx_id]
+            if block.txs:
+                self._last_busy = height
             self._blocks.append(block)
         elif op == "reorg":
             k = min(int(event["k"]), self.head)

@@ -251,6 +251,7 @@ async def _start_anchoring(
             config.server.data_dir / "chain.jsonl",
             interval=interval,
             clock_ms=now_ms,
+            settle=settings.finality_depth + 1,  # idle: no empty blocks, no journal growth
         )
     )
     client = LocalChainClient(chain, instant=interval == 0, clock_ms=now_ms)

@@ -316,3 +316,20 @@ def test_blank_lines_in_the_journal_are_skipped(tmp_path: Path) -> None:
     path.write_text('{"op":"block","time":5}\n\n  \n{"op":"block","time":6}\n', "utf-8")
     with open_local_chain(path) as chain:
         assert chain.head == 2
+
+
+def test_an_idle_chain_seals_no_block_once_its_last_transaction_is_settled() -> None:
+    """The block producer asks `idle(settle)` before each block: the journal then grows with the
+    anchoring done, not with time (issue 17: 130 empty blocks in 5 idle minutes)."""
+    chain = LocalChain()
+    assert chain.idle(4)  # nothing ever submitted
+    chain.submit("ab" * 32, key="batch-1")
+    assert not chain.idle(4)  # a transaction waits
+    chain.produce_block(1_000)
+    assert chain.mempool == 0
+    for n in range(3):  # the block that carries it, and three more: 4 confirmations
+        assert not chain.idle(4)
+        chain.produce_block(2_000 + n)
+    assert chain.idle(4)
+    status = chain.status(chain.submit("ab" * 32, key="batch-1"))
+    assert status.confirmations == 4
