@@ -115,10 +115,10 @@ class HttpTransport:
         if self.policy is None:
             return
         policy = self.policy()
+        if policy.names(url):
+            return
         parts = urlsplit(url)
         host = (parts.hostname or "").lower()
-        if host in policy.named:
-            return
         literal = literal_address(host)
         addresses: list[IPAddress | None] = [literal]
         if literal is None:

@@ -15,10 +15,11 @@ ED25519_MULTICODEC = b"\xed\x01"
 
 # DID Core §3.1: did:method-name:method-specific-id, with pct-encoding; 2 KiB is our bound.
 # One name, one spelling (RFC 3986 §6.2.2 normal form): a percent-encoding is accepted only for
-# a byte that is not an unreserved character (A-Z a-z 0-9 - . _ ~) and only in uppercase hex, so
-# `did:example:a-b`, `did:example:a%2Db` and `did:example:a%2db` cannot be three entries: the
-# last two are refused (docs/lifecycle.md, "One name, one entry").
-_PCT = r"%(?:[01][0-9A-F]|2[0-9A-CF]|3[A-F]|40|5[B-E]|60|7[B-DF]|[89A-F][0-9A-F])"
+# a byte a DID may not carry as itself (anything but A-Z a-z 0-9 - . _) and only in uppercase
+# hex, so `did:example:a-b`, `did:example:a%2Db` and `did:example:a%2db` cannot be three
+# entries: the last two are refused (docs/lifecycle.md, "One name, one entry"). `~`, unreserved
+# in URIs but not a DID character, has one spelling: `%7E`.
+_PCT = r"%(?:[01][0-9A-F]|2[0-9A-CF]|3[A-F]|40|5[B-E]|60|7[B-F]|[89A-F][0-9A-F])"
 _IDCHAR = rf"(?:[A-Za-z0-9._-]|{_PCT})"
 _DID_RE = re.compile(rf"did:[a-z0-9]+:(?:{_IDCHAR}*:)*{_IDCHAR}+")
 MAX_DID_LENGTH = 2048

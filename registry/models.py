@@ -128,7 +128,7 @@ def _did(value: str) -> str:
     if not is_did(value):
         raise ValueError(
             "must be a DID (did:<method>:<method-specific-id>) in normal form: percent-encoding"
-            " only for characters other than A-Z a-z 0-9 . - _ ~, in uppercase hex"
+            " only for characters other than A-Z a-z 0-9 . - _, in uppercase hex"
         )
     return value
 

@@ -8,6 +8,7 @@ forgotten to bound memory.
 
 from __future__ import annotations
 
+import ipaddress
 import math
 from dataclasses import dataclass
 
@@ -85,12 +86,26 @@ class Backoff:
         return base / 2 + base / 2 * min(max(draw, 0.0), 1.0)
 
 
+def client_key(host: str) -> str:
+    """What a client is counted as: its IP address, or an IPv6 address's /64 (one host is
+    given a /64 and picks any address in it); an IPv4-mapped address as the IPv4 one."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        return str(ipaddress.IPv6Network((address, 64), strict=False))
+    return str(address)
+
+
 def client_of(forwarded_for: str, peer: str | None, trusted_proxies: int) -> str:
-    """The client address a budget is kept for: the `trusted_proxies`-th address from the right
-    of `X-Forwarded-For` when that many proxies are trusted (and the header has that many), else
-    the TCP peer."""
+    """The client a budget is kept for (`client_key`): the `trusted_proxies`-th address from the
+    right of `X-Forwarded-For` when that many proxies are trusted (and the header has that
+    many), else the TCP peer."""
     if trusted_proxies:
         forwarded = [p.strip() for p in forwarded_for.split(",") if p.strip()]
         if len(forwarded) >= trusted_proxies:
-            return forwarded[-trusted_proxies]
-    return peer or "unknown"
+            return client_key(forwarded[-trusted_proxies])
+    return client_key(peer) if peer else "unknown"

@@ -110,6 +110,7 @@ def connection_limits(config: Config, file_limit: int) -> ConnectionLimits:
         request_timeout=server.request_timeout_seconds,
         read_timeout=server.read_timeout_seconds,
         send_timeout=server.send_timeout_seconds,
+        keep_alive_timeout=server.keep_alive_timeout_seconds,
         max_ws_message=config.events.max_message_bytes,
         ws_control_per_minute=config.events.messages_per_minute,
     )

@@ -704,7 +704,12 @@ class _QuartSocket:
 def register_events(app: QuartTrio, deps: EventDeps) -> None:
     @app.websocket("/v1/events")
     async def events() -> None:
-        await websocket.accept()
+        try:
+            await websocket.accept()
+        except Exception as exc:  # the handshake broke under us (frames sent before the 101
+            # made h11 refuse it, say): this connection ends, quietly; the transport drops it
+            log.debug("event socket handshake failed: %s: %s", type(exc).__name__, exc)
+            return
         sock = _QuartSocket()
         connection = Connection(sock, deps)
         if websocket.http_version in ("1.0", "1.1"):  # not a stream of HTTP/2

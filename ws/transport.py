@@ -18,10 +18,12 @@ the one place that sees every byte of it, whatever Hypercorn or the app does:
 - `ConnectionGuard` admits a connection only under the process's total cap and its client
   address's cap (IPv6 by /64); one refused gets a canned 503 and is closed at once.
 - Reading: the head and body of a request must arrive within `request_timeout` of its first
-  byte, with no gap longer than `read_timeout` (a slow body is cut, not only a slow head);
-  between requests Hypercorn's keep-alive timeout applies. After the upgrade, the client's
-  WebSocket frame headers are parsed as they arrive: a message whose declared size passes
-  `max_ws_message`, or a flood of control frames, is refused with a close frame (1009, 1008)
+  byte, with no gap longer than `read_timeout` (a slow body is cut, not only a slow head); a
+  request lasts until its final answer (a `100 Continue` does not end it); between requests
+  (and before the first) `keep_alive_timeout` applies, counted from the last answer. After
+  the upgrade, the client's WebSocket frame headers are parsed as they arrive: a message whose
+  declared size passes `max_ws_message`, a message of more than `max_fragments` frames, or a
+  flood of control frames, is refused with a close frame (1009, 1008)
   before any of its payload is buffered.
 - Writing: a write the client takes nothing of for `send_timeout` cuts the connection, whoever
   writes (a response to a client that never reads, the pongs of a ping flood).
@@ -39,7 +41,6 @@ subscribers take the ordinary path, one ASGI message per event.
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import logging
 import math
 import os
@@ -51,7 +52,7 @@ from typing import Any
 
 import trio
 
-from registry.ratelimit import Bucket, Rate, take
+from registry.ratelimit import Bucket, Rate, client_key, take
 
 log = logging.getLogger(__name__)
 
@@ -77,23 +78,11 @@ class ConnectionLimits:
     request_timeout: float = 30.0  # head and body of one request, from its first byte
     read_timeout: float = 10.0  # within a request, the longest wait for the next byte
     send_timeout: float = 30.0  # a write the client takes nothing of, this long, cuts it
+    keep_alive_timeout: float = 75.0  # between requests (and before the first)
     max_ws_message: int = 16 * 1024  # a client's WebSocket message (all its fragments)
     ws_control_per_minute: int = 120  # client pings and pongs (a token bucket)
+    max_fragments: int = 64  # frames of one client message
     linger_seconds: float = 2.0  # after a refusal, read and drop what the client still sends
-
-
-def client_key(host: str) -> str:
-    """The address a connection counts against: the IP itself, or an IPv6 address's /64 (one
-    host is given a /64 and picks any address in it)."""
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        return host
-    if isinstance(address, ipaddress.IPv6Address):
-        if address.ipv4_mapped is not None:
-            return str(address.ipv4_mapped)
-        return str(ipaddress.IPv6Network((address, 64), strict=False))
-    return str(address)
 
 
 class ConnectionGuard:
@@ -105,6 +94,7 @@ class ConnectionGuard:
         self._open: dict[str, int] = {}
         self.total = 0
         self.refused = 0
+        self.failed = 0
         self._last_warning = -math.inf
 
     def admit(self, key: str) -> str | None:
@@ -135,8 +125,19 @@ class ConnectionGuard:
             )
         return reason
 
+    def connection_failed(self, exc: Exception) -> int:
+        """Count a connection that failed inside Hypercorn (a protocol error it did not
+        handle); returns how many so far."""
+        self.failed += 1
+        return self.failed
+
     def statistics(self) -> dict[str, int]:
-        return {"open": self.total, "clients": len(self._open), "refused": self.refused}
+        return {
+            "open": self.total,
+            "clients": len(self._open),
+            "refused": self.refused,
+            "failed": self.failed,
+        }
 
 
 def _refusal(reason: str) -> bytes:
@@ -173,6 +174,7 @@ class ClientFrames:
         self._head = bytearray()  # a frame header received in part
         self._left = 0  # payload bytes of the current frame still to come
         self._message = 0  # payload bytes of the current data message so far
+        self._fragments = 0  # frames of the current data message so far
         self._control: Bucket | None = None
 
     def feed(self, data: bytes | bytearray, now: float) -> None:
@@ -216,12 +218,15 @@ class ClientFrames:
                     raise _FrameRefused(1008, "too many control frames")
         else:
             if opcode != 0x0:  # a new text or binary message
-                self._message = 0
+                self._message = self._fragments = 0
             self._message += size
+            self._fragments += 1
             if self._message > self._limits.max_ws_message:
                 raise _FrameRefused(1009, f"message over {self._limits.max_ws_message} bytes")
+            if self._fragments > self._limits.max_fragments:  # (empty ones cost work too)
+                raise _FrameRefused(1008, f"message in over {self._limits.max_fragments} frames")
             if final:
-                self._message = 0
+                self._message = self._fragments = 0
         self._left = size
 
 
@@ -240,6 +245,7 @@ class FrameStream(trio.abc.HalfCloseableStream):
         self._request_since: float | None = None  # the first byte of the request being read
         self._client_frames: ClientFrames | None = None
         self._read_scope: trio.CancelScope | None = None
+        self._answered = trio.current_time()  # the last final answer (or the connection's start)
         self.serving: trio.CancelScope | None = None  # Hypercorn's task for this connection
         self._fd = inner.socket.fileno()
         self._pending: deque[bytes | memoryview] = deque()
@@ -343,12 +349,16 @@ class FrameStream(trio.abc.HalfCloseableStream):
         if self.sealed and data:
             raise trio.ClosedResourceError("a close frame was sent")
         if not self.websocket:
-            if bytes(data[:13]) == b"HTTP/1.1 101 ":  # the upgrade: frames from here on
+            head = bytes(data[:13])
+            if head == b"HTTP/1.1 101 ":  # the upgrade: frames from here on
                 self.websocket = True
-                if self._read_scope is not None:
-                    self._read_scope.deadline = math.inf
-            else:  # an answer: the next byte from the client starts another request
+                self._renew_read_deadline()
+            elif head.startswith(b"HTTP/1.") and head[9:10] != b"1":
+                # A final answer (not `100 Continue`): the request is over, and the next byte
+                # from the client starts another; meanwhile the keep-alive timeout applies.
                 self._request_since = None
+                self._answered = trio.current_time()
+                self._renew_read_deadline()
         elif data[:1] == b"\x88":  # a close frame, Hypercorn's or ours:
             self.sealed = True  # the event fan-out stops before it, not after
         async with self._lock:
@@ -396,10 +406,18 @@ class FrameStream(trio.abc.HalfCloseableStream):
         return data
 
     def _read_deadline(self, limits: ConnectionLimits) -> float:
-        since = self._request_since
-        if self.websocket or since is None:  # between requests: Hypercorn's keep-alive timeout
+        if self.websocket:  # the event stream's own idle and send rules apply
             return math.inf
+        since = self._request_since
+        if since is None:  # between requests (or before the first): the keep-alive timeout
+            return self._answered + limits.keep_alive_timeout
         return min(since + limits.request_timeout, trio.current_time() + limits.read_timeout)
+
+    def _renew_read_deadline(self) -> None:
+        """The read in flight (Hypercorn reads while the app answers) takes the deadline of
+        what the connection now is: upgraded, or between two requests."""
+        if self._read_scope is not None and self.limits is not None:
+            self._read_scope.deadline = self._read_deadline(self.limits)
 
     async def _refuse_frames(self, refused: _FrameRefused, limits: ConnectionLimits) -> None:
         """Send the close frame, read and drop what the client still sends for a moment (so
@@ -409,6 +427,11 @@ class FrameStream(trio.abc.HalfCloseableStream):
         frame = close_frame(refused.code, refused.reason)
         if self._pending or self._lock.locked():
             self._queue(frame)  # after the whole frames queued before it, by whoever flushes
+            with (
+                trio.move_on_after(min(1.0, limits.linger_seconds)),
+                contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError),
+            ):
+                await self.flush()  # (a writer stuck on a client that reads nothing: cut)
         else:
             with contextlib.suppress(trio.BrokenResourceError, OSError):
                 self._write(frame)
@@ -477,7 +500,7 @@ def install_in_hypercorn() -> None:
             CURRENT_STREAM.set(frames)
             guard = self.guard
             if guard is None:
-                await super().run()
+                await self._serve(frames)
                 return
             try:
                 key = client_key(_peer_host(stream))
@@ -491,12 +514,31 @@ def install_in_hypercorn() -> None:
                 await self.stream.aclose()
                 return
             try:
+                await self._serve(frames)
+            finally:
+                guard.release(key)
+
+        async def _serve(self, frames: FrameStream | None) -> None:
+            """Hypercorn's connection, in a scope the stream can end (`FrameStream.cut`). A
+            failure inside it ends this connection only: e.g. h11's `LocalProtocolError` when
+            a client sends frames before the upgrade is answered, which would otherwise end
+            Hypercorn's accept loop and the process with it."""
+            try:
                 with trio.CancelScope() as serving:
                     if frames is not None:
                         frames.serving = serving
                     await super().run()
-            finally:
-                guard.release(key)
+            except Exception as exc:
+                failures = self.guard.connection_failed(exc) if self.guard else 1
+                if failures == 1 or failures % 1000 == 0:  # news, then rarely
+                    log.warning(
+                        "a connection failed and was dropped (%d so far): %s: %s",
+                        failures,
+                        type(exc).__name__,
+                        exc,
+                    )
+                with contextlib.suppress(Exception):
+                    await self.stream.aclose()
 
     worker.TCPServer = FrameTCPServer  # type: ignore[attr-defined]
 

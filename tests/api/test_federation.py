@@ -1056,9 +1056,9 @@ async def peer_listed(f: Fed, did: str) -> dict[str, Any]:
 
 
 async def test_update_self_needs_a_session(fed: Fed) -> None:
-    r = await put_self(fed, None, {"endpoint": "https://127.0.0.1:8443"}, key="k1")
+    r = await put_self(fed, None, {"endpoint": "https://peer.example.com:8443"}, key="k1")
     await error_of(r, 401, "session_missing")
-    r = await put_self(fed, "not-a-token", {"endpoint": "https://127.0.0.1:8443"}, key="k1")
+    r = await put_self(fed, "not-a-token", {"endpoint": "https://peer.example.com:8443"}, key="k1")
     await error_of(r, 401, "session_invalid")
 
 
@@ -1089,7 +1089,7 @@ async def test_update_self_needs_the_federation_capability_of_a_configured_peer(
 async def test_update_self_needs_an_idempotency_key(fed: Fed) -> None:
     f = fed
     token = await sign_in(anon_client(f.h), f.peer)
-    r = await put_self(f, token, {"endpoint": "https://127.0.0.1:8443"})
+    r = await put_self(f, token, {"endpoint": "https://peer.example.com:8443"})
     await error_of(r, 400, "idempotency_key_required")
     assert (await peer_listed(f, f.peer.did))["endpoint"] == f.endpoint(f.peer)
 
@@ -1099,7 +1099,10 @@ async def test_a_peer_updates_its_endpoint_and_the_list_shows_it(fed: Fed) -> No
     token = await sign_in(anon_client(f.h), f.peer)
     before = await f.h.store.log_head()
     started = now_ms()
-    body = {"endpoint": "https://127.0.0.1:8443/registry", "grpcEndpoint": "http://127.0.0.1:7"}
+    body = {
+        "endpoint": "https://peer.example.com:8443/registry",
+        "grpcEndpoint": "https://grpc.example.com:7",
+    }
     r = await put_self(f, token, body, key="move-1")
     raw = await r.get_data()
     assert r.status_code == 200, raw
@@ -1122,17 +1125,17 @@ async def test_a_peer_updates_its_endpoint_and_the_list_shows_it(fed: Fed) -> No
     assert r.headers.get("Idempotent-Replayed") == "true"
     assert await r.get_data() == raw
     # The same key with another body: 409, nothing changed.
-    r = await put_self(f, token, {"endpoint": "https://127.0.0.1:9443"}, key="move-1")
+    r = await put_self(f, token, {"endpoint": "https://peer.example.com:9443"}, key="move-1")
     await error_of(r, 409, "idempotency_conflict")
     assert await peer_listed(f, f.peer.did) == peer
     kinds = [rec.kind for rec in await f.h.store.log_after(before, 1000)]
     assert kinds.count("peer.updated") == 1
 
     # A new key moves it again; without grpcEndpoint it is cleared.
-    r = await put_self(f, token, {"endpoint": "http://127.0.0.1:10"}, key="move-2")
+    r = await put_self(f, token, {"endpoint": "https://peer.example.com:10"}, key="move-2")
     assert r.status_code == 200, await r.get_data()
     moved = await r.get_json()
-    assert moved["endpoint"] == "http://127.0.0.1:10"
+    assert moved["endpoint"] == "https://peer.example.com:10"
     assert "grpcEndpoint" not in moved
     assert await peer_listed(f, f.peer.did) == moved
 
@@ -1140,7 +1143,9 @@ async def test_a_peer_updates_its_endpoint_and_the_list_shows_it(fed: Fed) -> No
 async def test_a_discover_only_peer_may_register_its_endpoint_too(fed: Fed) -> None:
     f = fed
     token = await sign_in(anon_client(f.h), f.lurker)
-    endpoint = "https://127.0.0.1:8443/" + "p" * (2048 - len("https://127.0.0.1:8443/"))
+    endpoint = "https://peer.example.com:8443/" + "p" * (
+        2048 - len("https://peer.example.com:8443/")
+    )
     assert len(endpoint) == 2048  # the longest admitted
     r = await put_self(f, token, {"endpoint": endpoint}, key="long")
     assert r.status_code == 200, await r.get_data()
@@ -1154,22 +1159,30 @@ BAD_ENDPOINTS: list[tuple[str, Any, str | None]] = [
     ("javascript", {"endpoint": "javascript:alert(1)"}, "endpoint"),
     ("scheme-only", {"endpoint": "https://"}, "endpoint"),
     ("empty", {"endpoint": ""}, "endpoint"),
-    ("too-long", {"endpoint": "https://127.0.0.1/" + "p" * 2031}, "endpoint"),
-    ("space", {"endpoint": "https://127.0.0.1/a b"}, "endpoint"),
-    ("newline", {"endpoint": "https://127.0.0.1/\nHost: evil"}, "endpoint"),
-    ("control", {"endpoint": "https://127.0.0.1/\x01"}, "endpoint"),
-    ("delete", {"endpoint": "https://127.0.0.1/\x7f"}, "endpoint"),
-    ("tab", {"endpoint": "https://127.0.0.1/\t"}, "endpoint"),
+    ("too-long", {"endpoint": "https://peer.example.com/" + "p" * 2031}, "endpoint"),
+    ("space", {"endpoint": "https://peer.example.com/a b"}, "endpoint"),
+    ("newline", {"endpoint": "https://peer.example.com/\nHost: evil"}, "endpoint"),
+    ("control", {"endpoint": "https://peer.example.com/\x01"}, "endpoint"),
+    ("delete", {"endpoint": "https://peer.example.com/\x7f"}, "endpoint"),
+    ("tab", {"endpoint": "https://peer.example.com/\t"}, "endpoint"),
     ("number", {"endpoint": 8080}, "endpoint"),
     ("null", {"endpoint": None}, "endpoint"),
     ("unparseable-host", {"endpoint": "http://[::1"}, "endpoint"),
     ("label-too-long", {"endpoint": "http://" + "a" * 70 + ".example"}, "endpoint"),
     ("missing", {}, "endpoint"),
-    ("unknown-member", {"endpoint": "https://127.0.0.1", "peerDid": "did:key:z6Mk"}, "peerDid"),
-    ("bad-grpc", {"endpoint": "https://127.0.0.1", "grpcEndpoint": "grpc://x"}, "grpcEndpoint"),
-    ("null-grpc", {"endpoint": "https://127.0.0.1", "grpcEndpoint": None}, "grpcEndpoint"),
-    ("array", [{"endpoint": "https://127.0.0.1"}], None),
-    ("string", "https://127.0.0.1", None),
+    (
+        "unknown-member",
+        {"endpoint": "https://p.example", "peerDid": "did:key:z6Mk"},
+        "peerDid",
+    ),
+    (
+        "bad-grpc",
+        {"endpoint": "https://peer.example.com", "grpcEndpoint": "grpc://x"},
+        "grpcEndpoint",
+    ),
+    ("null-grpc", {"endpoint": "https://peer.example.com", "grpcEndpoint": None}, "grpcEndpoint"),
+    ("array", [{"endpoint": "https://peer.example.com"}], None),
+    ("string", "https://peer.example.com", None),
 ]
 
 
@@ -1193,12 +1206,12 @@ async def test_a_refused_update_is_recorded_under_its_key(fed: Fed) -> None:
     r = await put_self(f, token, bad, key="once")
     await error_of(r, 400, "peer_invalid")
     assert r.headers.get("Idempotent-Replayed") == "true"
-    r = await put_self(f, token, {"endpoint": "https://127.0.0.1:8443"}, key="once")
+    r = await put_self(f, token, {"endpoint": "https://peer.example.com:8443"}, key="once")
     await error_of(r, 409, "idempotency_conflict")
     assert (await peer_listed(f, f.peer.did))["endpoint"] == f.endpoint(f.peer)
     # Another principal's key is another record.
     other = await sign_in(anon_client(f.h), f.other)
-    r = await put_self(f, other, {"endpoint": "https://127.0.0.1:8443"}, key="once")
+    r = await put_self(f, other, {"endpoint": "https://peer.example.com:8443"}, key="once")
     assert r.status_code == 200, await r.get_data()
 
 

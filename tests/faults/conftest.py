@@ -67,7 +67,12 @@ def server(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     with run_server(
         tmp_path_factory.mktemp("faults-server"),
         database_url=cluster.dsn,
-        extra_env={"REGISTRY_LOGGING__LEVEL": "INFO"},
+        # Anchoring on: its supervisor and the local chain live through every fault too.
+        extra_env={
+            "REGISTRY_LOGGING__LEVEL": "INFO",
+            "REGISTRY_ANCHORING__ENABLED": "true",
+            "REGISTRY_ANCHORING__BLOCK_INTERVAL_SECONDS": "0.2",
+        },
     ) as server:
         yield server
         assert server.proc.poll() is None, f"the server exited:\n{server.output()[-3000:]}"

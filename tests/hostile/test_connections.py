@@ -150,3 +150,49 @@ def test_a_flood_of_connections_from_one_address_leaves_health_fast_for_another(
     finally:
         for sock in socks:
             sock.close()
+
+
+def test_a_request_waiting_on_100_continue_is_still_cut(server: Server) -> None:
+    sock = connect(server.url)
+    sock.sendall(
+        b"POST /v1/discover HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 10\r\nExpect: 100-continue\r\n\r\n"
+    )
+    started = time.monotonic()
+    data, closed = read_until_closed(sock, limit=12)
+    sock.close()
+    assert closed, "a body announced after 100 Continue and never sent held the connection"
+    assert time.monotonic() - started < 10  # request_timeout 3 s
+    assert data.count(b"HTTP/1.1 ") <= 1  # the 100 Continue, at most
+
+
+def test_a_partial_request_behind_an_answered_one_is_cut(server: Server) -> None:
+    sock = connect(server.url)
+    sock.sendall(
+        b"GET /v1/health HTTP/1.1\r\nHost: r\r\n\r\n"
+        b"POST /v1/discover HTTP/1.1\r\nHost: r\r\nTransfer-Encoding: chunked\r\n\r\n1\r\n{\r\n"
+    )
+    started = time.monotonic()
+    data, closed = read_until_closed(sock, limit=15)
+    sock.close()
+    assert data.startswith(b"HTTP/1.1 200 ")
+    assert closed, "a partial request pipelined behind an answered one held the connection"
+    assert time.monotonic() - started < 12  # keep_alive_timeout 5 s here
+
+
+def test_an_idle_keep_alive_connection_lasts_the_keep_alive_timeout(server: Server) -> None:
+    """Not the read timeout (1.5 s here): a pool that reuses an idle connection must find it
+    open for `keep_alive_timeout` (5 s here) after the last answer."""
+    sock = connect(server.url)
+    sock.sendall(b"GET /v1/health HTTP/1.1\r\nHost: r\r\n\r\n")
+    assert sock.recv(12) == b"HTTP/1.1 200"
+    _, closed = read_until_closed(sock, limit=3)  # past the read timeout
+    assert not closed
+    sock.sendall(b"GET /v1/health HTTP/1.1\r\nHost: r\r\n\r\n")  # reused: answered
+    data, _ = read_until_closed(sock, limit=1)
+    assert b"HTTP/1.1 200" in data
+    started = time.monotonic()
+    _, closed = read_until_closed(sock, limit=12)
+    sock.close()
+    assert closed
+    assert 3 < time.monotonic() - started < 10

@@ -158,3 +158,46 @@ def test_an_integer_of_thousands_of_digits_in_a_message_is_a_4400(server: Server
     assert closed
     assert close_code(data) == 4400
     assert b"outside" in data  # the reason names the rule: an integer outside +-(2^53-1)
+
+
+def test_frames_sent_before_the_upgrade_is_answered_end_only_that_connection(
+    server: Server,
+) -> None:
+    """A client that sends frames with its handshake, in one packet (RFC 6455 says it must
+    wait): Hypercorn fails on it; that connection is dropped, the server goes on."""
+    import base64
+    import os
+
+    from tests.hostile.raw import connect
+
+    for _ in range(5):
+        sock = connect(server.url, "127.0.4.4")
+        key = base64.b64encode(os.urandom(16))
+        sock.sendall(
+            b"GET /v1/events HTTP/1.1\r\nHost: r\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            b"Sec-WebSocket-Key: "
+            + key
+            + b"\r\nSec-WebSocket-Version: 13\r\n\r\n"
+            + client_frame(b"ping", opcode=0x9)
+        )
+        read_until_closed(sock, limit=3)
+        sock.close()
+    assert health_from(server.url, "127.0.4.5").status_code == 200
+    assert server.proc.poll() is None
+
+
+def test_a_message_of_endless_empty_fragments_is_refused(server: Server) -> None:
+    sock = websocket(server.url, "127.0.4.6")
+    first = client_frame(b"{")
+    sock.sendall(bytes((first[0] & 0x7F,)) + first[1:])  # not final
+    empty = client_frame(b"", opcode=0x0)
+    empty = bytes((empty[0] & 0x7F,)) + empty[1:]  # empty, not final: forever
+    try:
+        for _ in range(200):
+            sock.sendall(empty * 10)
+    except OSError:
+        pass
+    data, closed = read_until_closed(sock, limit=8)
+    sock.close()
+    assert closed
+    assert close_code(data) in (1008, None)  # the close frame may be lost to a reset

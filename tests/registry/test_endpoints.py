@@ -20,8 +20,8 @@ POLICY = EndpointPolicy.of(
         "https://peer.example.com:8443/registry",
         "https://93.184.215.14/",
         "https://[2606:2800:21f:cb07:6820:80da:af6b:8b2c]/",
-        "http://127.0.0.1:8081/x",  # the host of a configured peer, over http too
-        "https://peer.internal:1/",  # likewise, whatever its name says
+        "http://127.0.0.1:8081/x",  # a configured peer's host and port, over http too
+        "https://peer.internal:9443/",  # likewise, whatever its name says
         "http://10.20.3.4/",  # in an allowed block
         "http://registry.corp/",  # an allowed name
     ],
@@ -55,6 +55,13 @@ def test_allowed(url: str) -> None:
         ("https://printer.local/", "private"),
         ("https://metadata.google.internal/", "private"),
         ("https://224.0.0.1/", "private"),
+        ("https://[::7f00:1]/", "private"),  # IPv4-compatible 127.0.0.1
+        ("https://[::ffff:0:7f00:1]/", "private"),  # (SIIT) 127.0.0.1
+        ("https://[64:ff9b::7f00:1]/", "private"),  # NAT64 of 127.0.0.1
+        ("https://[2002:7f00:1::]/", "private"),  # 6to4 of 127.0.0.1
+        ("https://ｌｏｃａｌｈｏｓｔ/", "private"),  # fullwidth: localhost to a resolver
+        ("http://127.0.0.1:6379/", "https"),  # a configured peer's host, another port
+        ("https://127.0.0.1:6379/", "private"),
     ],
 )
 def test_refused(url: str, why: str) -> None:

@@ -171,6 +171,8 @@ def test_backoff_stays_at_the_ceiling_after_very_many_failures(failures: int) ->
         ("6.6.6.6, 1.2.3.4, 10.0.0.8", "10.0.0.9", 2, "1.2.3.4"),
         ("1.2.3.4", "10.0.0.9", 2, "10.0.0.9"),  # fewer hops than trusted: the peer
         (" , ", None, 1, "unknown"),
+        ("", "2001:db8::1", 0, "2001:db8::/64"),  # an IPv6 client by its /64
+        ("2001:db8:0:0:ffff::9", "10.0.0.9", 1, "2001:db8::/64"),
     ],
 )
 def test_the_client_of_a_request(header: str, peer: str | None, hops: int, client: str) -> None:

@@ -8,7 +8,8 @@ import os
 import pytest
 import trio
 
-from ws.transport import ClientFrames, ConnectionGuard, ConnectionLimits, _FrameRefused, client_key
+from registry.ratelimit import client_key
+from ws.transport import ClientFrames, ConnectionGuard, ConnectionLimits, _FrameRefused
 
 
 @pytest.mark.parametrize(
@@ -34,10 +35,10 @@ async def test_admission_counts_per_address_and_in_all() -> None:
     assert guard.admit("c") == "the server has too many open connections"
     guard.release("a")
     assert guard.admit("c") is None
-    assert guard.statistics() == {"open": 3, "clients": 3, "refused": 2}
+    assert guard.statistics() == {"open": 3, "clients": 3, "refused": 2, "failed": 0}
     for key in ("a", "b", "c"):
         guard.release(key)
-    assert guard.statistics() == {"open": 0, "clients": 0, "refused": 2}
+    assert guard.statistics() == {"open": 0, "clients": 0, "refused": 2, "failed": 0}
 
 
 def frame(
