@@ -39,13 +39,23 @@ KEEPER_QUEUE = 100_000
 CHANGES_CHECKED_AT_ONCE = 64  # a larger batch of changes clears the discovery cache
 
 
+ITEM_OVERHEAD = 512  # bytes a cached item costs beyond its text (objects, the LRU's node)
+
+
 class Caches:
     """The process's caches, which the keeper keeps and the use-cases read."""
 
-    def __init__(self, *, discover_capacity: int) -> None:
-        self.entries: FollowedCache[str, Served] = FollowedCache()
+    def __init__(self, *, discover_capacity: int, max_bytes: int | None = None) -> None:
+        # Entries and discovery pages are bounded by bytes too (`limits.cache_mib` each): an
+        # entry may be up to 1 MiB, so a count alone bounds nothing (the soak: 50,000 heads).
+        self.entries: FollowedCache[str, Served] = FollowedCache(
+            max_bytes=max_bytes,
+            weigh=lambda served: (
+                ITEM_OVERHEAD + len(served.doc) + sum(len(a) for _, a in served.attestations)
+            ),
+        )
         self.sessions: FollowedCache[bytes, SessionRecord] = FollowedCache()
-        self.results = ResultCache(max(1, discover_capacity))
+        self.results = ResultCache(max(1, discover_capacity), max_bytes=max_bytes)
 
     def all(self) -> list[FollowedCache[object, object]]:
         return [self.entries, self.sessions, self.results]  # type: ignore[list-item]

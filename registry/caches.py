@@ -52,12 +52,23 @@ class FollowedCache(Generic[K, V]):
     Readers fill it only if no invalidation happened while they read (`epoch`), so a change that
     commits during a lookup can never be overwritten by the older value. It is on only while the
     keeper follows the log live. All access is from the one Trio thread, with no `await` between a
-    check and its use. Bounded: the least recently used item goes when it is full.
+    check and its use. Bounded by a count and, with `weigh`, by bytes: the least recently used
+    item goes when either is reached.
     """
 
-    def __init__(self, capacity: int = 50_000) -> None:
+    def __init__(
+        self,
+        capacity: int = 50_000,
+        *,
+        max_bytes: int | None = None,
+        weigh: Callable[[V], int] | None = None,
+    ) -> None:
         self._items: OrderedDict[K, V] = OrderedDict()
         self._capacity = capacity
+        self._max_bytes = max_bytes  # with `weigh`: the bound of the values' summed weights
+        self._weigh = weigh
+        self._weights: dict[K, int] = {}
+        self.bytes = 0
         self.epoch = 0
         self.enabled = False
 
@@ -72,14 +83,24 @@ class FollowedCache(Generic[K, V]):
     def put(self, key: K, value: V, epoch: int) -> None:
         if not self.enabled or epoch != self.epoch:
             return
+        self._drop(key)
         self._items[key] = value
-        self._items.move_to_end(key)
-        while len(self._items) > self._capacity:
-            self._items.popitem(last=False)
+        if self._weigh is not None:
+            weight = self._weigh(value)
+            self._weights[key] = weight
+            self.bytes += weight
+        while len(self._items) > self._capacity or (
+            self._max_bytes is not None and self.bytes > self._max_bytes and self._items
+        ):
+            self._drop(next(iter(self._items)))  # the least recently used
+
+    def _drop(self, key: K) -> None:
+        if self._items.pop(key, None) is not None:
+            self.bytes -= self._weights.pop(key, 0)
 
     def invalidate(self, key: K) -> None:
         self.epoch += 1
-        self._items.pop(key, None)
+        self._drop(key)
 
     def touch(self) -> None:
         """A change committed: reads in flight may predate it, so their fills are dropped."""
@@ -88,7 +109,7 @@ class FollowedCache(Generic[K, V]):
     def invalidate_where(self, stale: Callable[[K, V], bool]) -> None:
         self.epoch += 1
         for key in [k for k, v in self._items.items() if stale(k, v)]:
-            del self._items[key]
+            self._drop(key)
 
     def __len__(self) -> int:
         return len(self._items)
@@ -96,9 +117,16 @@ class FollowedCache(Generic[K, V]):
     def clear(self) -> None:
         self.epoch += 1
         self._items.clear()
+        self._weights.clear()
+        self.bytes = 0
 
     def statistics(self) -> dict[str, int]:
-        return {"size": len(self._items), "epoch": self.epoch, "enabled": int(self.enabled)}
+        return {
+            "size": len(self._items),
+            "bytes": self.bytes,
+            "epoch": self.epoch,
+            "enabled": int(self.enabled),
+        }
 
 
 class ResultCache(FollowedCache[str, tuple[RegistryQuery, str]]):
@@ -110,8 +138,8 @@ class ResultCache(FollowedCache[str, tuple[RegistryQuery, str]]):
     drop or was read after the commit, so the keeper leaves them (`already_dropped`).
     """
 
-    def __init__(self, capacity: int = 50_000) -> None:
-        super().__init__(capacity)
+    def __init__(self, capacity: int = 50_000, *, max_bytes: int | None = None) -> None:
+        super().__init__(capacity, max_bytes=max_bytes, weigh=lambda item: 1024 + len(item[1]))
         self._dropped: set[int] = set()
 
     def dropped_for(self, seq: int) -> None:

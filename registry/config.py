@@ -122,6 +122,7 @@ class LimitsConfig(_Section):
     federation_body_bytes: Annotated[int, Field(ge=1024)] = 4 * 1024 * 1024
     small_body_bytes: Annotated[int, Field(ge=1024)] = 64 * 1024
     discover_cache_entries: Annotated[int, Field(ge=0, le=100_000)] = 2000  # 0: no result cache
+    cache_mib: Annotated[int, Field(ge=1, le=65536)] = 16  # each of the entry and page caches
 
     @model_validator(mode="before")
     @classmethod

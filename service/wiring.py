@@ -77,7 +77,9 @@ async def open_service(
     limits = config.limits
     async with trio.open_nursery() as nursery:
         writer: Writer = await nursery.start(run_writer, store)
-        caches = Caches(discover_capacity=limits.discover_cache_entries)
+        caches = Caches(
+            discover_capacity=limits.discover_cache_entries, max_bytes=limits.cache_mib << 20
+        )
         logs: LogHandle = await nursery.start(
             lambda task_status: run_log(
                 store,

@@ -1,0 +1,22 @@
+"""FollowedCache's bounds: a count, and bytes where its values are weighed."""
+
+from __future__ import annotations
+
+from registry.caches import FollowedCache
+
+
+def test_a_cache_with_a_byte_bound_drops_the_least_recently_used_to_stay_within_it() -> None:
+    cache: FollowedCache[str, str] = FollowedCache(capacity=100, max_bytes=10, weigh=len)
+    cache.enabled = True
+    for key, value in (("a", "1234"), ("b", "1234"), ("c", "12")):
+        cache.put(key, value, cache.epoch)
+    assert cache.bytes == 10
+    assert cache.get("a") == "1234"  # now the most recently used
+    cache.put("d", "123", cache.epoch)  # 13 bytes: "b" goes, the least recently used
+    assert (cache.get("b"), cache.bytes) == (None, 9)
+    cache.put("a", "1", cache.epoch)  # replaced: its old weight goes with it
+    assert cache.bytes == 6
+    cache.invalidate("c")
+    assert cache.bytes == 4
+    cache.put("huge", "x" * 50, cache.epoch)  # alone over the bound: nothing stays
+    assert (len(cache), cache.bytes) == (0, 0)
