@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from api.errors import error_body
+from ws.transport import CURRENT_STREAM
 
 ASGIApp = Callable[[Any, Any, Any], Awaitable[None]]
 
@@ -47,6 +48,17 @@ def with_framing_checks(app: ASGIApp, new_request_id: Callable[[], str]) -> ASGI
                     }
                 )
                 await send({"type": "http.response.body", "body": body})
+                return
+            stream = CURRENT_STREAM.get()
+            if stream is not None:
+
+                async def receive_noting_the_end() -> Any:
+                    message = await receive()
+                    if message["type"] == "http.request" and not message.get("more_body"):
+                        stream.request_read()  # the read deadline stops: the rest is ours
+                    return message
+
+                await app(scope, receive_noting_the_end, send)
                 return
         await app(scope, receive, send)
 

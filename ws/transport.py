@@ -246,6 +246,7 @@ class FrameStream(trio.abc.HalfCloseableStream):
         self._client_frames: ClientFrames | None = None
         self._read_scope: trio.CancelScope | None = None
         self._answered = trio.current_time()  # the last final answer (or the connection's start)
+        self._awaiting_answer = False  # the app has the whole request (`request_read`)
         self.serving: trio.CancelScope | None = None  # Hypercorn's task for this connection
         self._fd = inner.socket.fileno()
         self._pending: deque[bytes | memoryview] = deque()
@@ -357,6 +358,7 @@ class FrameStream(trio.abc.HalfCloseableStream):
                 # A final answer (not `100 Continue`): the request is over, and the next byte
                 # from the client starts another; meanwhile the keep-alive timeout applies.
                 self._request_since = None
+                self._awaiting_answer = False
                 self._answered = trio.current_time()
                 self._renew_read_deadline()
         elif data[:1] == b"\x88":  # a close frame, Hypercorn's or ours:
@@ -411,7 +413,16 @@ class FrameStream(trio.abc.HalfCloseableStream):
         since = self._request_since
         if since is None:  # between requests (or before the first): the keep-alive timeout
             return self._answered + limits.keep_alive_timeout
+        if self._awaiting_answer:  # the app has it all: the client owes nothing until then
+            return math.inf
         return min(since + limits.request_timeout, trio.current_time() + limits.read_timeout)
+
+    def request_read(self) -> None:
+        """The app has read the whole request (head and body): until its answer the client owes
+        no byte, so no read deadline runs (a slow handler is not the client's fault)."""
+        if not self.websocket and self._request_since is not None:
+            self._awaiting_answer = True
+            self._renew_read_deadline()
 
     def _renew_read_deadline(self) -> None:
         """The read in flight (Hypercorn reads while the app answers) takes the deadline of

@@ -177,3 +177,42 @@ async def test_hypercorn_serves_each_plain_connection_through_a_frame_stream() -
                 await client.send_message("bye")
         stop.set()
     assert got == [{"type": "hello"}, {"n": 1}, {"n": 2}, {"n": 3}]
+
+
+@pytest.mark.usefixtures("hypercorn_with_frame_streams")
+async def test_a_handler_slower_than_the_read_timeout_still_answers() -> None:
+    """The read deadline runs while the client owes bytes, not while the app works on a request
+    it has read whole (api/framing.py tells the connection)."""
+    from api.framing import with_framing_checks
+    from ws.transport import GUARD_ATTRIBUTE, ConnectionGuard, ConnectionLimits
+
+    app = QuartTrio(__name__)
+
+    @app.route("/slow", methods=["POST"])
+    async def slow() -> str:
+        await trio.sleep(1.5)  # three read timeouts
+        return "done"
+
+    app.asgi_app = with_framing_checks(app.asgi_app, lambda: "rid")  # type: ignore[method-assign]
+    config = HyperConfig()
+    config.bind = ["127.0.0.1:0"]
+    setattr(config, GUARD_ATTRIBUTE, ConnectionGuard(ConnectionLimits(read_timeout=0.5)))
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        binds: Any = await nursery.start(
+            lambda task_status: hypercorn.trio.serve(
+                app, config, shutdown_trigger=stop.wait, task_status=task_status
+            )
+        )
+        host, port = binds[0].removeprefix("http://").rsplit(":", 1)
+        with trio.fail_after(DEADLINE):
+            stream = await trio.open_tcp_stream(host, int(port))
+            await stream.send_all(b"POST /slow HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\n\r\n{}")
+            answer = b""
+            while b"done" not in answer:
+                chunk = await stream.receive_some()
+                assert chunk, f"cut before the answer: {answer!r}"
+                answer += chunk
+            await stream.aclose()
+        stop.set()
+    assert answer.startswith(b"HTTP/1.1 200")
