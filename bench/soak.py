@@ -253,6 +253,27 @@ def run_load(port: int, args: argparse.Namespace, out: Any, stop_at: float) -> N
 # --- the run --------------------------------------------------------------------------------------
 
 
+def peer_replicas(server_url: str, dbs: list[str]) -> str:
+    """How much of the soaked registry's entries the peer holds as replicas, a few seconds
+    after the load stopped (its PeerActor pulls every second)."""
+    import asyncio
+
+    import asyncpg
+
+    async def count(db: str, sql: str) -> int:
+        conn = await asyncpg.connect(f"{server_url}/{db}", timeout=10)
+        try:
+            return int(await conn.fetchval(sql))
+        finally:
+            await conn.close()
+
+    time.sleep(5)
+    local = asyncio.run(count(dbs[0], "SELECT count(*) FROM entries"))
+    held = asyncio.run(count(dbs[1], "SELECT count(DISTINCT entry_did) FROM replica_versions"))
+    quarantined = asyncio.run(count(dbs[1], "SELECT count(*) FROM replica_quarantine"))
+    return f"{held} of {local} entries replicated, {quarantined} quarantined"
+
+
 def pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -270,6 +291,9 @@ def main() -> int:
     parser.add_argument("--reads", type=float, default=80.0, help="entry reads a second")
     parser.add_argument("--discovers", type=float, default=10.0, help="queries a second")
     parser.add_argument("--subscribers", type=int, default=100)
+    parser.add_argument(
+        "--no-peer", dest="peer", action="store_false", help="no peer registry syncing from it"
+    )
     parser.add_argument("--plot", default="", help="PNG to draw (default: in the work dir)")
     parser.add_argument("--json", default="", help="write the samples to this file")
     args = parser.parse_args()
@@ -278,19 +302,55 @@ def main() -> int:
         print("registry is not installed in this environment", file=sys.stderr)
         return 2
 
+    from registry.keys import SigningKey, write_key_file
+
     workdir = Path(tempfile.mkdtemp(prefix="registry-bench-soak-"))
-    db = f"registry_bench_soak_{secrets.token_hex(4)}"
-    db_admin(args.postgres, f'CREATE DATABASE "{db}"')
-    port = free_port()
-    env = {**os.environ, **SERVICE_ENV, "REGISTRY_ANCHORING__ENABLED": "true"}
-    cmd = [
-        str(registry_bin), "serve", "--host", "127.0.0.1", "--port", str(port),
-        "--data-dir", str(workdir / "data"), "--database-url", f"{args.postgres}/{db}",
-    ]  # fmt: skip
-    server = start_server("registry", cmd, port, None, workdir, env)
+    tag = secrets.token_hex(4)
+    dbs = [f"registry_bench_soak_{tag}", f"registry_bench_soak_peer_{tag}"]
+    for db in dbs:
+        db_admin(args.postgres, f'CREATE DATABASE "{db}"')
+    port, peer_port = free_port(), free_port()
+    keys = {"registry": SigningKey.generate(), "peer": SigningKey.generate()}
+    for name, key in keys.items():
+        write_key_file(workdir / f"{name}.key", key)
+
+    def node_env(name: str, other: str, other_port: int, poll: float) -> dict[str, str]:
+        # The soaked registry lists the peer so that it answers its sync requests; the peer
+        # pulls from it every `poll` seconds (the soaked one never pulls: hourly).
+        return {
+            **os.environ,
+            **SERVICE_ENV,
+            "REGISTRY_ANCHORING__ENABLED": "true" if name == "registry" else "false",
+            "REGISTRY_SERVER__KEY_FILE": str(workdir / f"{name}.key"),
+            "REGISTRY_FEDERATION__PEERS": json.dumps(
+                [
+                    {
+                        "peer_did": keys[other].did,
+                        "endpoint": f"http://127.0.0.1:{other_port}",
+                        "kinds": ["sync"],
+                    }
+                ]
+                if args.peer
+                else []
+            ),
+            "REGISTRY_FEDERATION__POLL_SECONDS": str(poll),
+        }
+
+    def serve_node(name: str, node_port: int, db: str, env: dict[str, str]) -> Any:
+        cmd = [
+            str(registry_bin), "serve", "--host", "127.0.0.1", "--port", str(node_port),
+            "--data-dir", str(workdir / f"data-{name}"), "--database-url", f"{args.postgres}/{db}",
+        ]  # fmt: skip
+        return start_server(name, cmd, node_port, None, workdir, env)
+
+    server = serve_node("registry", port, dbs[0], node_env("registry", "peer", peer_port, 3600))
+    peer = None
     samples: list[dict[str, Any]] = []
     try:
         wait_ready(server, "/v1/health", 60)
+        if args.peer:
+            peer = serve_node("peer", peer_port, dbs[1], node_env("peer", "registry", port, 1))
+            wait_ready(peer, "/v1/health", 60)
         pid = server.pid
         context = multiprocessing.get_context("fork")
         queue = context.Queue()
@@ -310,7 +370,7 @@ def main() -> int:
             now = time.monotonic() - started
             cpu = proc_cpu(pid)
             requests = sum(len(v) for v in got["latencies"].values())
-            chain = workdir / "data" / "chain.jsonl"
+            chain = workdir / "data-registry" / "chain.jsonl"
             sample = {
                 "t": now,
                 "rss": rss_mib(pid),
@@ -336,10 +396,16 @@ def main() -> int:
                 flush=True,
             )
         load.join(60)
+        if peer is not None:
+            replicated = peer_replicas(args.postgres, dbs)
+            print(f"peer: {replicated}", flush=True)
     finally:
-        stop_server(server)
-        with contextlib.suppress(Exception):
-            db_admin(args.postgres, f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+        for node in (server, peer):
+            if node is not None:
+                stop_server(node)
+        for db in dbs:
+            with contextlib.suppress(Exception):
+                db_admin(args.postgres, f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
     if args.json:
         Path(args.json).write_text(json.dumps(samples))
     return report(samples, args, workdir)
