@@ -294,6 +294,12 @@ def main() -> int:
     parser.add_argument(
         "--no-peer", dest="peer", action="store_false", help="no peer registry syncing from it"
     )
+    parser.add_argument(
+        "--wrap",
+        default="",
+        help="a Python script to run the soaked server through, with the"
+        " CLI's arguments (a diagnostic: e.g. one that starts tracemalloc first)",
+    )
     parser.add_argument("--plot", default="", help="PNG to draw (default: in the work dir)")
     parser.add_argument("--json", default="", help="write the samples to this file")
     args = parser.parse_args()
@@ -337,10 +343,11 @@ def main() -> int:
         }
 
     def serve_node(name: str, node_port: int, db: str, env: dict[str, str]) -> Any:
-        cmd = [
-            str(registry_bin), "serve", "--host", "127.0.0.1", "--port", str(node_port),
+        serve_args = [
+            "serve", "--host", "127.0.0.1", "--port", str(node_port),
             "--data-dir", str(workdir / f"data-{name}"), "--database-url", f"{args.postgres}/{db}",
         ]  # fmt: skip
+        cmd = [str(registry_bin), *serve_args]
         return start_server(name, cmd, node_port, None, workdir, env)
 
     server = serve_node("registry", port, dbs[0], node_env("registry", "peer", peer_port, 3600))
