@@ -30,6 +30,13 @@ def healthy(body: dict) -> bool:  # type: ignore[type-arg]
     return body.get("status") == "ok"
 
 
+def recovered(server: Server, what: str) -> float:
+    """Seconds from the database's return until health says ok (shown with `pytest -s`)."""
+    _, took = wait_health(server.url, healthy)
+    print(f"\n{what}: health ok {took:.2f}s after the database")
+    return took
+
+
 def verify(server: Server, cluster: Cluster, load: Load) -> None:
     """After the fault (inside the load's block: the subscriber is still reading)."""
     load.finish()
@@ -68,8 +75,7 @@ def test_a_read_only_database_is_503_and_degraded_then_ok(
             cluster.sql(
                 "ALTER SYSTEM RESET default_transaction_read_only", "SELECT pg_reload_conf()"
             )
-        _, took = wait_health(server.url, healthy)
-        assert took < RECOVERY
+        assert recovered(server, "read-only off") < RECOVERY
         time.sleep(1)
         verify(server, cluster, load)
 
@@ -82,8 +88,7 @@ def test_killed_connections_are_replaced(server: Server, cluster: Cluster, tmp_p
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
                 " WHERE datname = 'registry' AND pid <> pg_backend_pid()"
             )
-        _, took = wait_health(server.url, healthy)
-        assert took < RECOVERY
+        assert recovered(server, "connections killed") < RECOVERY
         time.sleep(1)
         verify(server, cluster, load)
 
@@ -95,8 +100,8 @@ def test_a_restart_loses_nothing(
     with Load(server.url, tmp_path) as load:
         time.sleep(1)
         cluster.restart(mode)
-        _, took = wait_health(server.url, healthy)
-        assert took < RECOVERY + 5  # includes the database's own recovery after `immediate`
+        # (includes the database's own recovery after `immediate`)
+        assert recovered(server, f"restart -m {mode}") < RECOVERY + 5
         time.sleep(1)
         verify(server, cluster, load)
 
@@ -112,8 +117,7 @@ def test_a_database_down_for_a_while(server: Server, cluster: Cluster, tmp_path:
             time.sleep(DOWN_SECONDS)
         finally:
             cluster.start()
-        _, took = wait_health(server.url, healthy)
-        assert took < RECOVERY
+        assert recovered(server, f"down {DOWN_SECONDS:g}s") < RECOVERY
         time.sleep(1)
         verify(server, cluster, load)
 
@@ -147,8 +151,7 @@ def test_a_full_disk_is_503_database_full_then_ok(
                     time.sleep(1)
                 finally:
                     filler.unlink()
-                _, took = wait_health(server.url, healthy)
-                assert took < RECOVERY
+                assert recovered(server, "disk freed") < RECOVERY
                 time.sleep(1)
                 verify(server, cluster, load)
         finally:
