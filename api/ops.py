@@ -34,10 +34,16 @@ async def _checks() -> dict[str, str]:
     return checks
 
 
+# What only a write can show: a full disk (reads, and the read-only probe, go on working).
+# The other conditions of a failed write show in the database check or the probe, now.
+WRITE_ONLY_CONDITIONS = frozenset({"database_full"})
+
+
 def _write_refusal(condition: str | None) -> str | None:
-    # A read-only refusal the probe no longer sees has passed; the others last until a write
-    # succeeds (a full disk shows only when a write needs the space).
-    return None if condition in (None, "database_read_only") else condition
+    """The writer's last refusal, where nothing else can tell it is over (until a write
+    succeeds): a full disk. A lost connection that is back, or a read-only spell the probe no
+    longer sees, has passed."""
+    return condition if condition in WRITE_ONLY_CONDITIONS else None
 
 
 def _status(checks: dict[str, str]) -> str:

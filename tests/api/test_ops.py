@@ -182,3 +182,23 @@ async def test_every_http_route_is_in_the_openapi_document(harness: Harness) -> 
                 served.add((path, method.lower()))
     assert ("/v1/transfers/offers/{offer_id}/accept", "post") in served  # the check sees routes
     assert served - listed == set()
+
+
+async def test_health_reports_a_full_disk_until_a_write_succeeds_and_nothing_older(
+    harness: Harness,
+) -> None:
+    """The writer's last refusal shows in `writes` only where nothing else can tell that it
+    is over (a full disk); a lost connection that is back is not reported as a write fault."""
+    deps = harness.service.app.deps  # type: ignore[attr-defined]
+    refusal: list[str | None] = ["database_full"]
+    deps.write_condition = lambda: refusal[0]
+    r = await anon_client(harness).get("/v1/health")
+    body = await r.get_json()
+    assert r.status_code == 200
+    assert body["status"] == "degraded"
+    assert body["checks"]["writes"] == "failing: database_full"
+    for passed in ("database_unavailable", "database_read_only", None):
+        refusal[0] = passed
+        body = await (await anon_client(harness).get("/v1/health")).get_json()
+        assert body["checks"]["writes"] == "ok", passed
+        assert body["status"] == "ok"
