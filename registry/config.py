@@ -52,6 +52,7 @@ class ServerConfig(_Section):
     # Connections (docs/limits.md): caps and timeouts that hold whatever a client sends.
     max_connections: Annotated[int, Field(ge=1)] = 4096  # lowered to the file limit at start
     max_connections_per_client: Annotated[int, Field(ge=1)] = 128  # per address (IPv6: /64)
+    connections_per_minute_per_client: Annotated[int, Field(ge=1)] = 600  # new ones, per address
     request_timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = 30.0  # head and body
     read_timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = 10.0  # gap within a request
     send_timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = 30.0  # client takes nothing

@@ -107,6 +107,7 @@ def connection_limits(config: Config, file_limit: int) -> ConnectionLimits:
     return ConnectionLimits(
         max_connections=total,
         max_per_client=min(server.max_connections_per_client, total),
+        connections_per_minute_per_client=server.connections_per_minute_per_client,
         request_timeout=server.request_timeout_seconds,
         read_timeout=server.read_timeout_seconds,
         send_timeout=server.send_timeout_seconds,

@@ -52,9 +52,11 @@ from typing import Any
 
 import trio
 
-from registry.ratelimit import Bucket, Rate, client_key, take
+from registry.ratelimit import Bucket, Rate, client_key, is_idle, take
 
 log = logging.getLogger(__name__)
+
+MAX_BUCKETS = 100_000  # addresses with a new-connection bucket before the full ones are swept
 
 CURRENT_STREAM: ContextVar[FrameStream | None] = ContextVar("registry_frame_stream", default=None)
 
@@ -75,6 +77,7 @@ class ConnectionLimits:
 
     max_connections: int = 4096  # open connections per process
     max_per_client: int = 128  # open connections per client address (IPv6: per /64)
+    connections_per_minute_per_client: int = 600  # new connections per address (burst as many)
     request_timeout: float = 30.0  # head and body of one request, from its first byte
     read_timeout: float = 10.0  # within a request, the longest wait for the next byte
     send_timeout: float = 30.0  # a write the client takes nothing of, this long, cuts it
@@ -95,6 +98,8 @@ class ConnectionGuard:
         self.total = 0
         self.refused = 0
         self.failed = 0
+        self._rate = Rate(limits.connections_per_minute_per_client)
+        self._opened: dict[str, Bucket] = {}  # new connections per address (a token bucket)
         self._last_warning = -math.inf
 
     def admit(self, key: str) -> str | None:
@@ -103,6 +108,15 @@ class ConnectionGuard:
             return self._refuse(key, "the server has too many open connections")
         if self._open.get(key, 0) >= self.limits.max_per_client:
             return self._refuse(key, "too many open connections from this address")
+        now = trio.current_time()
+        decision, bucket = take(self._opened.get(key), self._rate, now)
+        self._opened[key] = bucket
+        if len(self._opened) > MAX_BUCKETS:  # forget the full ones (a full bucket is none)
+            self._opened = {
+                k: b for k, b in self._opened.items() if not is_idle(b, self._rate, now)
+            }
+        if not decision.allowed:  # a flood of short connections costs a refusal, not a request
+            return self._refuse(key, "too many new connections from this address")
         self._open[key] = self._open.get(key, 0) + 1
         self.total += 1
         return None

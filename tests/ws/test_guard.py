@@ -119,3 +119,21 @@ async def test_the_guard_logs_refusals_at_most_every_ten_seconds(
     warnings = [r for r in caplog.records if r.name == "ws.transport"]
     assert len(warnings) == 2
     assert "101 refused so far" in warnings[-1].getMessage()
+
+
+async def test_new_connections_from_one_address_are_admitted_by_a_budget(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A flood of short connections (each closed after its answer, so never many open at once)
+    is refused past `connections_per_minute_per_client`, and the budget refills."""
+    guard = ConnectionGuard(ConnectionLimits(connections_per_minute_per_client=60))
+    admitted = 0
+    for _ in range(100):
+        if guard.admit("a") is None:
+            admitted += 1
+            guard.release("a")
+    assert admitted == 60
+    assert guard.admit("a") == "too many new connections from this address"
+    assert guard.admit("b") is None  # another address has its own
+    await trio.sleep(1)  # one a second comes back
+    assert guard.admit("a") is None
