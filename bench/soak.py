@@ -348,6 +348,8 @@ def main() -> int:
             "--data-dir", str(workdir / f"data-{name}"), "--database-url", f"{args.postgres}/{db}",
         ]  # fmt: skip
         cmd = [str(registry_bin), *serve_args]
+        if args.wrap and name == "registry":
+            cmd = [sys.executable, args.wrap, *serve_args]
         return start_server(name, cmd, node_port, None, workdir, env)
 
     server = serve_node("registry", port, dbs[0], node_env("registry", "peer", peer_port, 3600))

@@ -10,14 +10,21 @@ discovery pages), and from the local write that drops what it changed before it 
 from __future__ import annotations
 
 import json
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from registry.canonical import canonicalize
-from registry.matching import Facts, facts_of, match_texts_in, may_match
-from registry.query import RegistryQuery
+from registry.matching import (
+    Facts,
+    anchor_may_hold,
+    anchor_of,
+    facts_of,
+    match_texts_in,
+    may_match,
+)
+from registry.query import Expr, RegistryQuery
 
 
 @dataclass(frozen=True)
@@ -85,6 +92,7 @@ class FollowedCache(Generic[K, V]):
             return
         self._drop(key)
         self._items[key] = value
+        self._added(key, value)
         if self._weigh is not None:
             weight = self._weigh(value)
             self._weights[key] = weight
@@ -97,6 +105,13 @@ class FollowedCache(Generic[K, V]):
     def _drop(self, key: K) -> None:
         if self._items.pop(key, None) is not None:
             self.bytes -= self._weights.pop(key, 0)
+            self._removed(key)
+
+    def _added(self, key: K, value: V) -> None:
+        """A subclass's hook: `key` is now cached (its indexes follow)."""
+
+    def _removed(self, key: K) -> None:
+        """A subclass's hook: `key` is no longer cached."""
 
     def invalidate(self, key: K) -> None:
         self.epoch += 1
@@ -116,9 +131,8 @@ class FollowedCache(Generic[K, V]):
 
     def clear(self) -> None:
         self.epoch += 1
-        self._items.clear()
-        self._weights.clear()
-        self.bytes = 0
+        for key in list(self._items):
+            self._drop(key)
 
     def statistics(self) -> dict[str, int]:
         return {
@@ -133,6 +147,12 @@ class ResultCache(FollowedCache[str, tuple[RegistryQuery, str]]):
     """Discovery pages by query. An entry change drops only the pages whose query the entry may
     match before or after it (`registry.matching`): any other page is provably unchanged.
 
+    Every write asks this of the cached pages, so the pages are indexed by their query's anchor
+    (`anchor_of`, e.g. its MATCH text or a tag it requires): a change tests each distinct anchor
+    once and looks only at the pages of those its entry may satisfy, and the MATCH texts of the
+    cached queries are counted as pages come and go. The cost of a change is then the number of
+    distinct anchors plus the pages it may move, not the size of the cache.
+
     A change this process wrote has its pages dropped before it is answered (`dropped_for`);
     when its log record then reaches the keeper, every page still cached either survived that
     drop or was read after the commit, so the keeper leaves them (`already_dropped`).
@@ -141,9 +161,38 @@ class ResultCache(FollowedCache[str, tuple[RegistryQuery, str]]):
     def __init__(self, capacity: int = 50_000, *, max_bytes: int | None = None) -> None:
         super().__init__(capacity, max_bytes=max_bytes, weigh=lambda item: 1024 + len(item[1]))
         self._dropped: set[int] = set()
+        # Pages by their query's anchor, keyed by its repr: equal expressions may differ in a
+        # value's type (1, 1.0 and True are equal in Python, not in jsonb).
+        self._anchors: dict[str, str] = {}  # page key → its anchor's repr
+        self._by_anchor: dict[str, tuple[Expr | None, set[str]]] = {}
+        self._texts: dict[str, tuple[str, ...]] = {}  # page key → its query's MATCH texts
+        self._text_pages: Counter[str] = Counter()
+
+    def _added(self, key: str, value: tuple[RegistryQuery, str]) -> None:
+        query = value[0]
+        anchor = anchor_of(query)
+        name = repr(anchor)
+        self._anchors[key] = name
+        self._by_anchor.setdefault(name, (anchor, set()))[1].add(key)
+        texts = tuple(match_texts_in(query.where))
+        if texts:
+            self._texts[key] = texts
+            self._text_pages.update(texts)
+
+    def _removed(self, key: str) -> None:
+        name = self._anchors.pop(key)
+        pages = self._by_anchor[name][1]
+        pages.discard(key)
+        if not pages:
+            del self._by_anchor[name]
+        for text in self._texts.pop(key, ()):
+            self._text_pages[text] -= 1
+            if not self._text_pages[text]:
+                del self._text_pages[text]
 
     def dropped_for(self, seq: int) -> None:
-        """The pages change `seq` can move are gone (the local write path did it)."""
+        """The pages change `seq` can move are gone, or will be before anything awaits (the
+        local write path says so as it starts dropping them)."""
         if self.enabled:
             self._dropped.add(seq)
 
@@ -166,7 +215,16 @@ class ResultCache(FollowedCache[str, tuple[RegistryQuery, str]]):
     def entry_changed(self, versions: Sequence[Facts | None]) -> None:
         """`versions`: the facts of the entry's stored documents just before and after the
         change (a new entry has only the latter)."""
-        self.invalidate_where(lambda _key, page: any(may_match(page[0], f) for f in versions))
+        self.epoch += 1
+        stale = [
+            key
+            for anchor, keys in self._by_anchor.values()
+            if anchor is None or any(anchor_may_hold(anchor, f) for f in versions)
+            for key in keys
+            if any(may_match(self._items[key][0], f) for f in versions)
+        ]
+        for key in stale:
+            self._drop(key)
 
     def entry_changed_as_told(
         self, versions: list[tuple[str, list[str]]] | None, texts: list[str]
@@ -181,4 +239,4 @@ class ResultCache(FollowedCache[str, tuple[RegistryQuery, str]]):
 
     def match_texts(self) -> set[str]:
         """The MATCH texts of the cached queries (the database decides those per change)."""
-        return {t for query, _ in self._items.values() for t in match_texts_in(query.where)}
+        return set(self._text_pages)

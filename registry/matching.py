@@ -145,6 +145,47 @@ def may_match(query: RegistryQuery, facts: Facts | None) -> bool:
     return query.where is None or _eval(query.where, facts) is not False
 
 
+def anchor_of(query: RegistryQuery) -> Expr | None:
+    """One condition every entry matching `query` satisfies, chosen to be selective: a MATCH,
+    else a `tags CONTAINS`, else another conjunct, else the entry type (or service type)
+    the query names; None when the query has none (it may match any entry).
+
+    A cache indexes its pages by it: an entry for which `anchor_may_hold` is False cannot
+    match the query (`may_match` is False), so a change need not look at those pages."""
+    where = query.where
+    conjuncts = where.exprs if isinstance(where, And) else (where,) if where is not None else ()
+    for wanted in (_is_match, _is_tag, _is_equality, _is_any):
+        for conjunct in conjuncts:
+            if wanted(conjunct):
+                return conjunct
+    if query.entry_type != ALL_TYPES:
+        return Compare("entryType", "=", query.entry_type)
+    if query.service_type is not None:
+        return Contains("serviceType", query.service_type)
+    return None
+
+
+def anchor_may_hold(anchor: Expr, facts: Facts | None) -> bool:
+    """False only if the entry whose facts these are certainly fails `anchor`."""
+    return facts is None or _eval(anchor, facts) is not False
+
+
+def _is_match(expr: Expr) -> bool:
+    return isinstance(expr, Match)
+
+
+def _is_tag(expr: Expr) -> bool:
+    return isinstance(expr, Contains) and expr.field == "tags"
+
+
+def _is_equality(expr: Expr) -> bool:
+    return isinstance(expr, Compare) and expr.op == "="
+
+
+def _is_any(expr: Expr) -> bool:
+    return True
+
+
 def _all(values: list[Maybe]) -> Maybe:
     if any(v is False for v in values):
         return False

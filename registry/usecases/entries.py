@@ -221,6 +221,9 @@ class Entries:
         versions = [doc] if previous is None else [previous, doc]
         texts = sorted(self.results.match_texts())
         decided = False
+        # Said before the await below: the finally drops the pages whatever happens, so the
+        # keeper, which may meet this change's log record meanwhile, need not drop them too.
+        self.results.dropped_for(seq)
         try:
             if texts:
                 # Cached full-text pages: the database says which texts the versions match.
@@ -232,7 +235,6 @@ class Entries:
         finally:
             if not decided:  # also when cancelled: no await here
                 self.results.entry_changed([facts_of(v) for v in versions])
-            self.results.dropped_for(seq)
         return outcome
 
     # --- reads --------------------------------------------------------------------------
