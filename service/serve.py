@@ -32,7 +32,13 @@ from registry.store.embedded import EmbeddedPostgres
 from registry.store.migrate import migrate
 from registry.store.pg import open_pg_store
 from service.wiring import Service, open_service
-from ws.transport import GUARD_ATTRIBUTE, ConnectionGuard, ConnectionLimits, install_in_hypercorn
+from ws.transport import (
+    GUARD_ATTRIBUTE,
+    PLAIN_ATTRIBUTE,
+    ConnectionGuard,
+    ConnectionLimits,
+    install_in_hypercorn,
+)
 
 log = logging.getLogger("registry")
 
@@ -117,7 +123,7 @@ def connection_limits(config: Config, file_limit: int) -> ConnectionLimits:
     )
 
 
-def _hypercorn_config(config: Config, guard: ConnectionGuard) -> HyperConfig:
+def _hypercorn_config(config: Config, guard: ConnectionGuard, *, hooked: bool) -> HyperConfig:
     hconfig = HyperConfig()
     hconfig.bind = [f"{config.server.host}:{config.server.port}"]
     hconfig.graceful_timeout = config.server.graceful_timeout_seconds
@@ -129,6 +135,7 @@ def _hypercorn_config(config: Config, guard: ConnectionGuard) -> HyperConfig:
     # The guard refuses an oversized message from its header; this is the second line.
     hconfig.websocket_max_message_size = config.events.max_message_bytes
     setattr(hconfig, GUARD_ATTRIBUTE, guard)
+    setattr(hconfig, PLAIN_ATTRIBUTE, not hooked)
     return hconfig
 
 
@@ -209,11 +216,17 @@ async def serve(
             http_done = trio.Event()
 
             async def run_http(task_status: trio.TaskStatus[list[str]]) -> None:
-                install_in_hypercorn()  # the event fan-out writes frames to the socket
+                # The event fan-out writes frames to the socket; connections are bounded.
+                hooked = config.server.connection_hook and install_in_hypercorn()
+                if not config.server.connection_hook:
+                    log.warning(
+                        "server.connection_hook is off: the per-connection limits are off and"
+                        " events take the slower ASGI path (docs/limits.md)"
+                    )
                 try:
                     await hypercorn.trio.serve(
                         app,
-                        _hypercorn_config(config, guard),
+                        _hypercorn_config(config, guard, hooked=hooked),
                         shutdown_trigger=stop.wait,
                         task_status=task_status,
                     )

@@ -33,9 +33,14 @@ the one place that sees every byte of it, whatever Hypercorn or the app does:
 
 `install_in_hypercorn` makes Hypercorn's trio worker wrap every plain TCP connection this way
 and publish the wrapper in `CURRENT_STREAM` for the tasks that serve it. Hypercorn has no public
-hook for this: it replaces the worker's `TCPServer` with a subclass (checked against the pinned
-version by tests/ws/test_transport.py). Connections over TLS or HTTP/2 are not wrapped; their
-subscribers take the ordinary path, one ASGI message per event.
+hook for this: it replaces the worker's `TCPServer` with a subclass. So the hook is checked
+before it is installed (`hook_unfit`: the release within the tested range that pyproject.toml
+pins, the class and its constructor as the subclass expects them); where it does not fit, or
+where the operator turns it off (`server.connection_hook = false`), the registry serves
+anyway, says so in an error line at start, and every connection takes Hypercorn's ordinary
+path: events one ASGI message each, and only Hypercorn's own limits (keep-alive timeout,
+incomplete-request size). Connections over TLS or HTTP/2 are never wrapped; their subscribers
+take the ordinary path too.
 """
 
 from __future__ import annotations
@@ -486,12 +491,72 @@ class FrameStream(trio.abc.HalfCloseableStream):
 
 
 GUARD_ATTRIBUTE = "registry_guard"  # set on Hypercorn's Config by `serve`
+PLAIN_ATTRIBUTE = "registry_plain"  # set (True) on a Config whose connections stay unwrapped
+
+# The Hypercorn releases the hook is tested with (pyproject.toml pins the same range): their
+# trio worker builds each connection's `TCPServer(app, config, context, state, stream)` through
+# the module-level name `hypercorn.trio.run.TCPServer`, keeps the stream in `self.stream`, and
+# writes each WebSocket frame with one `send_all`.
+TESTED_HYPERCORN = ((0, 17), (0, 19))  # from, up to (not included)
+_SERVER_PARAMETERS = ["self", "app", "config", "context", "state", "stream"]
 
 
-def install_in_hypercorn() -> None:
-    """Wrap every plain TCP connection of Hypercorn's trio worker in a `FrameStream` (once).
+def hook_unfit(version: str | None = None, server: Any = None) -> str | None:
+    """Why `install_in_hypercorn` cannot hook this Hypercorn (`version`, and the `TCPServer`
+    class its trio worker uses; the installed ones by default); None when it can."""
+    import inspect
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    if version is None:
+        try:
+            version = installed("hypercorn")
+        except PackageNotFoundError:
+            return "hypercorn's version is unknown"
+    try:
+        release = tuple(int(part) for part in version.split(".")[:2])
+    except ValueError:
+        return f"hypercorn {version} is not a release it was tested with"
+    low, high = TESTED_HYPERCORN
+    if not low <= release < high:
+        tested = f"{'.'.join(map(str, low))} to before {'.'.join(map(str, high))}"
+        return f"hypercorn {version} is outside the tested releases ({tested})"
+    if server is None:
+        from hypercorn.trio import run as worker
+
+        server = getattr(worker, "TCPServer", None)
+    if not isinstance(server, type):
+        return "hypercorn's trio worker has no TCPServer class"
+    constructor: Any = getattr(server, "__init__", None)
+    try:
+        parameters = list(inspect.signature(constructor).parameters)
+    except (TypeError, ValueError):
+        return "hypercorn's TCPServer has no readable constructor"
+    if getattr(server, "registry_frame_stream", False):
+        return None  # installed already
+    if parameters != _SERVER_PARAMETERS:
+        taken = ", ".join(parameters[1:])
+        return f"hypercorn's TCPServer takes ({taken}), not (app, config, context, state, stream)"
+    if not inspect.iscoroutinefunction(getattr(server, "run", None)):
+        return "hypercorn's TCPServer has no coroutine run()"
+    return None
+
+
+def install_in_hypercorn() -> bool:
+    """Wrap every plain TCP connection of Hypercorn's trio worker in a `FrameStream` (once);
+    False, changing nothing, when this Hypercorn does not fit the hook (`hook_unfit`).
     Where Hypercorn's config carries a `ConnectionGuard` (attribute `registry_guard`), each
-    connection is admitted by it and bounded by its limits."""
+    connection is admitted by it and bounded by its limits; a config marked `registry_plain`
+    keeps its connections as Hypercorn serves them."""
+    reason = hook_unfit()
+    if reason is not None:
+        log.error(
+            "%s: serving without the connection hook: the per-connection limits (server.*"
+            " connection caps and read deadlines) are off and events take the slower ASGI path"
+            " (docs/limits.md)",
+            reason,
+        )
+        return False
     from hypercorn.config import Config
     from hypercorn.trio import run as worker
     from hypercorn.trio.tcp_server import TCPServer
@@ -499,7 +564,7 @@ def install_in_hypercorn() -> None:
     from hypercorn.typing import AppWrapper, LifespanState
 
     if getattr(worker.TCPServer, "registry_frame_stream", False):  # type: ignore[attr-defined]
-        return
+        return True
 
     class FrameTCPServer(TCPServer):
         registry_frame_stream = True
@@ -513,11 +578,16 @@ def install_in_hypercorn() -> None:
             stream: Any,
         ) -> None:
             self.guard: ConnectionGuard | None = getattr(config, GUARD_ATTRIBUTE, None)
-            if isinstance(stream, trio.SocketStream):
+            self.plain = bool(getattr(config, PLAIN_ATTRIBUTE, False))
+            if isinstance(stream, trio.SocketStream) and not self.plain:
                 stream = FrameStream(stream, self.guard.limits if self.guard else None)
             super().__init__(app, config, context, state, stream)
 
         async def run(self) -> None:
+            if self.plain:
+                CURRENT_STREAM.set(None)
+                await super().run()
+                return
             # The tasks serving this connection (the app's included) start from this one and
             # inherit its context.
             stream: Any = self.stream
@@ -566,6 +636,7 @@ def install_in_hypercorn() -> None:
                     await self.stream.aclose()
 
     worker.TCPServer = FrameTCPServer  # type: ignore[attr-defined]
+    return True
 
 
 def _peer_host(stream: Any) -> str:

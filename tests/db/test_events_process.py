@@ -91,6 +91,33 @@ async def test_an_entry_written_through_one_process_reaches_a_subscriber_of_anot
     assert "Traceback" not in a.output() + b.output()
 
 
+async def test_with_the_connection_hook_off_events_still_arrive_through_the_asgi_path(
+    database_url: str, tmp_path: Path
+) -> None:
+    """The fallback `serve` takes where the Hypercorn hook does not fit (or is turned off):
+    said at start, and every operation, events included, still works."""
+    key = SigningKey.generate()
+    did = f"did:web:plain.test:{secrets.token_hex(6)}"
+    env = {"REGISTRY_SERVER__CONNECTION_HOOK": "false"}
+    with run_server(tmp_path, database_url=database_url, extra_env=env) as server:
+        async with open_websocket_url(ws_url(server.url)) as ws:
+            await ws.send_message(json.dumps({"type": "subscribe", "entryDids": [did]}))
+            assert (await receive(ws))["type"] == "subscribed"
+
+            def publish() -> dict[str, Any]:
+                with RegistryClient(server.url) as client:
+                    client.sign_in(key)
+                    return client.publish(entry_template(did), key)
+
+            published = await trio.to_thread.run_sync(publish)
+            event = await next_event(ws)
+            await ws.aclose()
+        output = server.output()
+    assert (event["entryDid"], event["sequence"]) == (did, published["sequence"])
+    assert "server.connection_hook is off" in output
+    assert "Traceback" not in output
+
+
 async def test_a_slow_consumer_is_closed_with_its_resume_point_and_resumes_without_loss(
     database_url: str, tmp_path: Path
 ) -> None:

@@ -5,6 +5,7 @@ of a client that reads nothing, and the hook that wraps Hypercorn's connections.
 from __future__ import annotations
 
 import json
+import logging
 import socket
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -20,7 +21,15 @@ from quart_trio import QuartTrio
 from trio_websocket import open_websocket_url
 from wsproto.frame_protocol import FrameProtocol, Opcode
 
-from ws.transport import CURRENT_STREAM, FrameStream, install_in_hypercorn, text_frame
+from ws import transport
+from ws.transport import (
+    CURRENT_STREAM,
+    PLAIN_ATTRIBUTE,
+    FrameStream,
+    hook_unfit,
+    install_in_hypercorn,
+    text_frame,
+)
 
 DEADLINE = 10
 BUFFER = 4096  # the socket pair's buffers: a few KB, so a client that reads nothing is seen
@@ -216,3 +225,82 @@ async def test_a_handler_slower_than_the_read_timeout_still_answers() -> None:
             await stream.aclose()
         stop.set()
     assert answer.startswith(b"HTTP/1.1 200")
+
+
+# --- the hook's check and its fallback -------------------------------------------------------
+
+
+def test_the_installed_hypercorn_fits_the_hook() -> None:
+    """The pinned release and its TCPServer are what the hook expects (a new release that
+    changed either would make `serve` fall back, loudly: below)."""
+    assert hook_unfit() is None
+
+
+@pytest.mark.parametrize(
+    ("version", "server", "reason"),
+    [
+        ("0.16.0", None, "outside the tested releases"),
+        ("0.19.0", None, "outside the tested releases"),
+        ("1.0.0", None, "outside the tested releases"),
+        ("main", None, "not a release"),
+        ("0.18.0", object(), "no TCPServer class"),
+        ("0.18.0", type("S", (), {"__init__": lambda self, app, config, stream: None}), "takes"),
+        (
+            "0.18.0",
+            type("S", (), {"__init__": lambda self, app, config, context, state, stream: None}),
+            "no coroutine run()",
+        ),
+    ],
+)
+def test_a_hypercorn_that_does_not_fit_is_named_with_the_reason(
+    version: str, server: Any, reason: str
+) -> None:
+    found = hook_unfit(version, server)
+    assert found is not None
+    assert reason in found
+
+
+def test_an_unfit_hypercorn_is_left_as_it_is_and_said_at_error_level(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    original = hypercorn_worker.TCPServer  # type: ignore[attr-defined]
+    monkeypatch.setattr(transport, "TESTED_HYPERCORN", ((0, 1), (0, 2)))
+    with caplog.at_level(logging.ERROR, logger="ws.transport"):
+        assert install_in_hypercorn() is False
+    assert hypercorn_worker.TCPServer is original  # type: ignore[attr-defined]
+    assert "outside the tested releases" in caplog.text
+    assert "serving without the connection hook" in caplog.text
+
+
+@pytest.mark.usefixtures("hypercorn_with_frame_streams")
+async def test_a_config_marked_plain_keeps_hypercorns_own_connections() -> None:
+    """`server.connection_hook = false` once the hook is installed in the process: that
+    server's connections are not wrapped, and its events take the ASGI path."""
+    app = QuartTrio(__name__)
+    seen: list[object] = []
+
+    @app.route("/")
+    async def index() -> str:
+        seen.append(CURRENT_STREAM.get())
+        return "ok"
+
+    config = HyperConfig()
+    config.bind = ["127.0.0.1:0"]
+    setattr(config, PLAIN_ATTRIBUTE, True)
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        binds: Any = await nursery.start(
+            lambda task_status: hypercorn.trio.serve(
+                app, config, shutdown_trigger=stop.wait, task_status=task_status
+            )
+        )
+        host, port = binds[0].removeprefix("http://").rsplit(":", 1)
+        with trio.fail_after(DEADLINE):
+            async with await trio.open_tcp_stream(host, int(port)) as stream:
+                await stream.send_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                answer = b""
+                while not answer.endswith(b"\r\n\r\nok"):  # (Hypercorn alone may not close)
+                    answer += await stream.receive_some()
+        stop.set()
+    assert answer.startswith(b"HTTP/1.1 200")
+    assert seen == [None]
