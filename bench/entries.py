@@ -979,7 +979,7 @@ def main_bench(args: argparse.Namespace) -> int:
         bare_b = bare("bare-b", 1) if two else None
         reg_b = registry("registry-b", 1) if two else None
 
-        from api.client import RegistryClient
+        from cli.client import RegistryClient
         from registry.keys import SigningKey
 
         key = SigningKey(bench.seed)

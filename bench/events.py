@@ -1149,7 +1149,7 @@ def main_bench(args: argparse.Namespace) -> int:
         wait_ready(bench.server, "/v1/health", 60, want=lambda b: b.get("status") == "ok")
         log(f"registry serve on :{port}, pid {bench.server.pid}, core {core}")
 
-        from api.client import RegistryClient
+        from cli.client import RegistryClient
         from registry.keys import SigningKey
 
         seed = secrets.token_bytes(32)

@@ -466,7 +466,7 @@ async def puller_facts(url: str, origin_url: str, origin_did: str) -> PullerFact
 
 
 def admin_view(port: int, admin: SigningKey) -> list[dict[str, Any]]:
-    from api.client import RegistryClient
+    from cli.client import RegistryClient
 
     with RegistryClient(f"http://127.0.0.1:{port}") as client:
         client.sign_in(admin)

@@ -426,7 +426,7 @@ def phase(
 
 def publish_one(port: int) -> None:
     """One entry, so that a replay from sequence 0 has something to read."""
-    from api.client import RegistryClient
+    from cli.client import RegistryClient
     from registry.keys import SigningKey
 
     key = SigningKey.generate()

@@ -125,7 +125,7 @@ def paced(rate: float, stop: threading.Event, action: Any) -> None:
 
 
 def run_load(port: int, args: argparse.Namespace, out: Any, stop_at: float) -> None:
-    from api.client import RegistryClient
+    from cli.client import RegistryClient
     from registry.keys import SigningKey
 
     key = SigningKey.generate()

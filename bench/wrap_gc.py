@@ -82,6 +82,6 @@ if __name__ == "__main__":
     at = os.environ.get("REGISTRY_GC_GARBAGE_AT")
     if at:
         threading.Thread(target=_garbage, args=(float(at),), daemon=True).start()
-    from api.cli import main
+    from cli.main import main
 
     sys.exit(main(sys.argv[1:]))

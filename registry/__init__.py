@@ -2,5 +2,5 @@
 
 Nothing in this package imports Quart, Hypercorn, `api`, `ws` or `actors`; the only I/O lives in
 `registry.store` (the storage port, its PostgreSQL adapter and its in-memory fake). The HTTP
-client for people is `api.client`.
+client for people is `cli.client`.
 """

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cached_property
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from registry.errors import (
     Conflict,
@@ -52,8 +52,58 @@ RECORDED_REFUSALS: dict[str, type[RegistryError]] = {
 RETRY = "Retry"
 MAX_DECISIONS = 8
 
+
+@dataclass(frozen=True)
+class Kind:
+    """A kind of change: who sees its log record, and how a store applies it.
+
+    `handler` names the SQL function of migrations/ that checks and writes a change of this
+    kind (the in-memory store has a Python function for each such name); None for a kind only
+    appended after another change (`Also`). `audience`: `public` records are events for every
+    subscriber, `admin` ones for admin sessions only, `internal` ones take a log position and
+    are never published."""
+
+    handler: str | None
+    audience: Literal["public", "admin", "internal"]
+
+
+# Every kind of change, the one table (a new kind adds a row, a handler in migrations/ and its
+# in-memory twin).
+CHANGE_KINDS: Mapping[str, Kind] = {
+    "entry.created": Kind("apply_entry_version", "public"),
+    "entry.updated": Kind("apply_entry_version", "public"),
+    "entry.deleted": Kind("apply_entry_version", "public"),
+    "session.revoked": Kind("apply_session_revoked", "internal"),
+    # Anchoring (migration 0010).
+    "anchor.claimed": Kind("apply_anchor_claim", "internal"),
+    "anchor.settled": Kind("apply_anchor_settle", "internal"),
+    "anchor.updated": Kind("apply_anchor_control", "public"),
+    # Federation (migration 0011): a peer's pull (replicas, quarantines, cursor, status), and
+    # a peer's self-registration.
+    "peer.status": Kind("apply_peer_sync", "admin"),
+    "peer.updated": Kind("apply_records", "admin"),
+    # Trust and ownership records (migration 0009): versioned documents, compare-and-set.
+    **{
+        kind: Kind("apply_records", "public")
+        for kind in (
+            "attestation.created",
+            "attestation.revoked",
+            "report.created",
+            "report.resolved",
+            "bond.provisioned",
+            "bond.slashed",
+            "bond.released",
+            "transfer.offered",
+            "transfer.declined",
+            "transfer.cancelled",
+            "entry.transferred",
+        )
+    },
+    "transfer.accepted": Kind(None, "public"),  # after entry.transferred, in its transaction
+}
+
 # Kinds that take a log position but are never published to event subscribers.
-INTERNAL_KINDS = frozenset({"session.revoked", "anchor.claimed", "anchor.settled"})
+INTERNAL_KINDS = frozenset(k for k, kind in CHANGE_KINDS.items() if kind.audience == "internal")
 
 
 @dataclass(frozen=True)

@@ -7,15 +7,13 @@ HMAC keyed from the registry's own key. A cursor that fails any check is a 400.
 
 from __future__ import annotations
 
-import base64
 import hashlib
-import hmac
-import json
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, StringConstraints, WithJsonSchema
 
+from registry.cursors import SealedCursors
 from registry.errors import Invalid
 from registry.models import (
     MAX_SAFE_INTEGER,
@@ -232,30 +230,17 @@ CURSOR_VERSION = 2
 
 class CursorCodec:
     def __init__(self, secret: bytes) -> None:
-        self._key = hashlib.sha256(b"registry discover cursor\0" + secret).digest()
+        self._sealed = SealedCursors(secret, b"registry discover cursor")
 
     def encode(self, query: RegistryQuery, position: list[Any]) -> str:
         values = [v.isoformat() if isinstance(v, datetime) else v for v in position]
-        body = json.dumps(
-            {"v": CURSOR_VERSION, "q": query_fingerprint(query), "k": values},
-            separators=(",", ":"),
-        ).encode()
-        tag = hmac.new(self._key, body, hashlib.sha256).digest()[:16]
-        return base64.urlsafe_b64encode(tag + body).rstrip(b"=").decode("ascii")
+        return self._sealed.seal({"v": CURSOR_VERSION, "q": query_fingerprint(query), "k": values})
 
     def decode(self, query: RegistryQuery, cursor: str) -> list[Any]:
         bad = Invalid("cursor is not one this server issued for this query", code="invalid_cursor")
-        try:
-            raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        except (ValueError, TypeError):
-            raise bad from None
-        tag, body = raw[:16], raw[16:]
-        if not hmac.compare_digest(tag, hmac.new(self._key, body, hashlib.sha256).digest()[:16]):
+        data = self._sealed.open(cursor, bad)
+        if not isinstance(data, dict):
             raise bad
-        try:
-            data = json.loads(body)
-        except ValueError:
-            raise bad from None
         if data.get("q") != query_fingerprint(query):
             raise bad
         version = data.get("v")

@@ -10,30 +10,11 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
-from registry.changes import LogRecord
+from registry.changes import CHANGE_KINDS, LogRecord
 from registry.models import WireModel
 
-PUBLIC_KINDS = frozenset(
-    {
-        "entry.created",
-        "entry.updated",
-        "entry.deleted",
-        "entry.transferred",
-        "attestation.created",
-        "attestation.revoked",
-        "report.created",
-        "report.resolved",
-        "bond.provisioned",
-        "bond.slashed",
-        "bond.released",
-        "transfer.offered",
-        "transfer.accepted",
-        "transfer.declined",
-        "transfer.cancelled",
-        "anchor.updated",
-    }
-)
-ADMIN_KINDS = frozenset({"peer.status", "peer.updated"})
+PUBLIC_KINDS = frozenset(k for k, kind in CHANGE_KINDS.items() if kind.audience == "public")
+ADMIN_KINDS = frozenset(k for k, kind in CHANGE_KINDS.items() if kind.audience == "admin")
 KINDS = PUBLIC_KINDS | ADMIN_KINDS
 
 MAX_FILTER_ITEMS = 100

@@ -78,7 +78,7 @@ def _public_key_matches(text: str, expected: bytes) -> bool:
 
 
 def build_response(challenge: dict[str, Any], key: SigningKey) -> dict[str, str]:
-    """What a client sends as `response` (used by `api.client` and the tests)."""
+    """What a client sends as `response` (used by `cli.client` and the tests)."""
     message = render_message(challenge, key.did)
     return {
         "kind": "siws",

@@ -50,7 +50,7 @@ class DataDirInUse(Exception):
 
 
 @contextmanager
-def _own_data_dir(data_dir: Path) -> Iterator[None]:
+def own_data_dir(data_dir: Path) -> Iterator[None]:
     """Hold an exclusive lock on the data directory while its embedded cluster is ours.
 
     A second `serve` on the same directory would share the cluster and stop it on exit; it fails
@@ -187,7 +187,7 @@ async def serve(
     async with trio_asyncio.open_loop(), AsyncExitStack() as stack:
         dsn = config.database.url
         if not dsn:
-            stack.enter_context(_own_data_dir(data_dir))
+            stack.enter_context(own_data_dir(data_dir))
             embedded = EmbeddedPostgres(data_dir, logger=log)
             dsn = await trio.to_thread.run_sync(embedded.start)
             stack.push_async_callback(trio.to_thread.run_sync, embedded.stop)

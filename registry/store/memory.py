@@ -33,6 +33,7 @@ import trio
 
 from registry.anchoring import Member
 from registry.changes import (
+    CHANGE_KINDS,
     IDEMPOTENCY_CONFLICT,
     RETRY,
     Change,
@@ -537,33 +538,21 @@ def _apply_peer_sync(
     return json.dumps({**status, "quarantines": total}), None
 
 
-# The handler of each kind of change (the same kinds as `registry.store.pg.HANDLERS`).
+# The twin of each SQL handler function `registry.changes.CHANGE_KINDS` names.
+_FUNCTIONS: dict[str, Handler] = {
+    "apply_entry_version": _apply_entry_version,
+    "apply_session_revoked": _apply_session_revoked,
+    "apply_anchor_claim": _apply_anchor_claim,
+    "apply_anchor_settle": _apply_anchor_settle,
+    "apply_anchor_control": _apply_anchor_control,
+    "apply_peer_sync": _apply_peer_sync,
+    "apply_records": _apply_records,
+}
+# The handler of each kind of change.
 HANDLERS: dict[str, Handler] = {
-    "entry.created": _apply_entry_version,
-    "entry.updated": _apply_entry_version,
-    "entry.deleted": _apply_entry_version,
-    "session.revoked": _apply_session_revoked,
-    "anchor.claimed": _apply_anchor_claim,
-    "anchor.settled": _apply_anchor_settle,
-    "anchor.updated": _apply_anchor_control,
-    "peer.status": _apply_peer_sync,
-    **{
-        kind: _apply_records
-        for kind in (
-            "attestation.created",
-            "attestation.revoked",
-            "report.created",
-            "report.resolved",
-            "bond.provisioned",
-            "bond.slashed",
-            "bond.released",
-            "transfer.offered",
-            "transfer.declined",
-            "transfer.cancelled",
-            "entry.transferred",
-            "peer.updated",  # a peer's self-registration (migration 0011)
-        )
-    },
+    kind: _FUNCTIONS[spec.handler]
+    for kind, spec in CHANGE_KINDS.items()
+    if spec.handler is not None
 }
 
 

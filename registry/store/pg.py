@@ -23,7 +23,15 @@ import trio
 import trio_asyncio
 
 from registry.anchoring import Member
-from registry.changes import IDEMPOTENCY_CONFLICT, Change, IdemKey, LogRecord, Outcome, Refusal
+from registry.changes import (
+    CHANGE_KINDS,
+    IDEMPOTENCY_CONFLICT,
+    Change,
+    IdemKey,
+    LogRecord,
+    Outcome,
+    Refusal,
+)
 from registry.errors import Invalid, Unavailable
 from registry.query import RegistryQuery
 from registry.store import (
@@ -142,36 +150,9 @@ def _seam(fn: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, Coroutine[Any,
     return call
 
 
-# The SQL handler of each kind of change (a function of migrations/). A new kind adds one.
+# The SQL handler of each kind of change (a function of migrations/): `CHANGE_KINDS`.
 HANDLERS: dict[str, str] = {
-    "entry.created": "apply_entry_version",
-    "entry.updated": "apply_entry_version",
-    "entry.deleted": "apply_entry_version",
-    "session.revoked": "apply_session_revoked",
-    # Anchoring (migration 0010).
-    "anchor.claimed": "apply_anchor_claim",
-    "anchor.settled": "apply_anchor_settle",
-    "anchor.updated": "apply_anchor_control",
-    # Federation (migration 0011): a peer's pull (replicas, quarantines, cursor, status).
-    "peer.status": "apply_peer_sync",
-    # Trust and ownership records (migration 0009): versioned documents, compare-and-set.
-    **{
-        kind: "apply_records"
-        for kind in (
-            "attestation.created",
-            "attestation.revoked",
-            "report.created",
-            "report.resolved",
-            "bond.provisioned",
-            "bond.slashed",
-            "bond.released",
-            "transfer.offered",
-            "transfer.declined",
-            "transfer.cancelled",
-            "entry.transferred",
-            "peer.updated",  # a peer's self-registration (migration 0011)
-        )
-    },
+    kind: spec.handler for kind, spec in CHANGE_KINDS.items() if spec.handler is not None
 }
 
 

@@ -10,10 +10,6 @@ and bound to the entry, so a client can neither forge a position nor reuse it fo
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import hmac
-import json
 import re
 from collections import OrderedDict
 from collections.abc import Callable
@@ -25,6 +21,7 @@ from registry.anchoring import control, entry_state, tree_of
 from registry.canonical import canonicalize
 from registry.changes import Change, ChangeLog, IdemKey, Outcome, rfc3339_ms
 from registry.config import Config
+from registry.cursors import SealedCursors
 from registry.errors import Invalid, NotFound
 from registry.merkle import MerkleTree
 from registry.store import IntentRow, Receipt, Store
@@ -58,7 +55,7 @@ class Anchors:
         self.changes = changes
         self.entries = entries
         self.config = config
-        self._key = hashlib.sha256(b"registry anchors cursor\0" + secret).digest()
+        self._cursors = SealedCursors(secret, b"registry anchors cursor")
         self._trees: OrderedDict[int, MerkleTree] = OrderedDict()
         self._tree_leaves = 0  # leaves of the trees kept
         self._building: dict[int, trio.Event] = {}  # trees being built, by batch id
@@ -211,25 +208,13 @@ class Anchors:
     # --- the cursor ------------------------------------------------------------------------
 
     def _encode(self, did: str, position: tuple[int, int, str]) -> str:
-        body = json.dumps([did, *position], separators=(",", ":")).encode()
-        tag = hmac.new(self._key, body, hashlib.sha256).digest()[:16]
-        return base64.urlsafe_b64encode(tag + body).rstrip(b"=").decode("ascii")
+        return self._cursors.seal([did, *position])
 
     def _decode(self, did: str, cursor: str) -> tuple[int, int, str]:
         bad = Invalid("cursor is not one this server issued for this entry", code="invalid_cursor")
         if not CURSOR.fullmatch(cursor):
             raise bad
-        try:
-            raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        except (ValueError, TypeError):
-            raise bad from None
-        tag, body = raw[:16], raw[16:]
-        if not hmac.compare_digest(tag, hmac.new(self._key, body, hashlib.sha256).digest()[:16]):
-            raise bad
-        try:
-            data = json.loads(body)
-        except ValueError:
-            raise bad from None
+        data = self._cursors.open(cursor, bad)
         if not (isinstance(data, list) and len(data) == 4 and data[0] == did):
             raise bad
         return int(data[1]), int(data[2]), str(data[3])

@@ -22,9 +22,6 @@ head when the page was read, for the puller's lag), signed as a `sync_response`.
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import hmac
 import json
 import logging
 from collections.abc import Callable, Sequence
@@ -37,6 +34,7 @@ from registry.breaker import BreakerPolicy
 from registry.canonical import canonicalize, join_members
 from registry.changes import Change, ChangeLog, IdemKey, Outcome, rfc3339_ms
 from registry.config import Config, PeerConfig
+from registry.cursors import SealedCursors
 from registry.discovery import parse_discover_request, query_fingerprint
 from registry.endpoints import EndpointPolicy, endpoint_problem
 from registry.envelope import (
@@ -113,7 +111,7 @@ class Federation:
         self.peer_list = peer_list or (lambda: config.federation.peers)
         self.discovery = discovery
         self.call = call
-        self._cursor_key = hashlib.sha256(b"registry federated cursor\0" + key.seed).digest()
+        self._cursors = SealedCursors(key.seed, b"registry federated cursor")
 
     @property
     def peers(self) -> dict[str, PeerConfig]:
@@ -359,13 +357,8 @@ class Federation:
         return page
 
     def _encode_cursor(self, fingerprint: str, offsets: dict[str, int], dropped: set[str]) -> str:
-        body = json.dumps(
-            {"v": 1, "q": fingerprint, "n": offsets, "x": sorted(dropped)},
-            separators=(",", ":"),
-            sort_keys=True,
-        ).encode()
-        tag = hmac.new(self._cursor_key, body, hashlib.sha256).digest()[:16]
-        return base64.urlsafe_b64encode(tag + body).rstrip(b"=").decode("ascii")
+        position = {"v": 1, "q": fingerprint, "n": offsets, "x": sorted(dropped)}
+        return self._cursors.seal(position, sort_keys=True)
 
     def _decode_cursor(self, fingerprint: str, cursor: Any) -> tuple[dict[str, int], set[str]]:
         bad = Invalid(
@@ -374,16 +367,7 @@ class Federation:
         )
         if not isinstance(cursor, str) or not 1 <= len(cursor) <= 4096:
             raise bad
-        try:
-            raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-            tag, body = raw[:16], raw[16:]
-            if not hmac.compare_digest(
-                tag, hmac.new(self._cursor_key, body, hashlib.sha256).digest()[:16]
-            ):
-                raise bad
-            data = json.loads(body)
-        except (ValueError, TypeError):
-            raise bad from None
+        data = self._cursors.open(cursor, bad)
         if not isinstance(data, dict) or data.get("v") != 1 or data.get("q") != fingerprint:
             raise bad
         offsets, dropped = data.get("n"), data.get("x")

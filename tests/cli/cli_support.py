@@ -33,7 +33,7 @@ class Ran:
 
 
 class Cli:
-    """`python -m api.cli ...` in a subprocess, with its own session file and no REGISTRY_*
+    """`python -m cli ...` in a subprocess, with its own session file and no REGISTRY_*
     variables from the environment."""
 
     def __init__(self, home: Path, url: str | None = None) -> None:
@@ -51,7 +51,7 @@ class Cli:
 
     def __call__(self, *args: str | Path) -> Ran:
         done = subprocess.run(
-            [sys.executable, "-m", "api.cli", *map(str, args)],
+            [sys.executable, "-m", "cli", *map(str, args)],
             capture_output=True,
             text=True,
             timeout=DEADLINE,

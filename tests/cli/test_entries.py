@@ -8,7 +8,7 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-from api.client import RegistryClient
+from cli.client import RegistryClient
 from registry.keys import SigningKey, read_key_file, write_key_file
 from tests.cli.cli_support import Cli
 from tests.helpers import entry_template

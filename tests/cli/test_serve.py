@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from api.cli import _server_failure, build_parser
+from cli.main import _server_failure, build_parser
 from registry.config import ConfigError, load_config
 from registry.keys import SigningKey
 from service.serve import DataDirInUse
@@ -147,7 +147,7 @@ def test_a_max_page_size_below_the_default_lowers_the_default() -> None:
 
 def test_the_service_starts_with_max_page_size_2_and_pages_by_2(server: Server) -> None:
     """The module's server runs with REGISTRY_LIMITS__MAX_PAGE_SIZE=2 and no default page size."""
-    from api.client import RegistryClient
+    from cli.client import RegistryClient
 
     key = SigningKey.generate()
     with RegistryClient(server.url) as client:

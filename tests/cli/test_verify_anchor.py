@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from api.client import RegistryClient
+from cli.client import RegistryClient
 from registry.keys import SigningKey
 from tests.cli.cli_support import Cli
 from tests.db.proc import Server, run_server

@@ -74,7 +74,7 @@ def run_server(
     args = [
         sys.executable,
         "-m",
-        "api.cli",
+        "cli",
         "serve",
         "--port",
         str(port),

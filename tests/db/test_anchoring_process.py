@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 import asyncpg
 import httpx
 
-from api.client import RegistryClient
+from cli.client import RegistryClient
 from registry.anchoring import verify_anchor
 from registry.chain import LocalChain
 from registry.keys import SigningKey

@@ -21,7 +21,7 @@ from trio_websocket import (
     wrap_client_stream,
 )
 
-from api.client import RegistryClient
+from cli.client import RegistryClient
 from registry.keys import SigningKey
 from registry.store.pg import open_pg_store
 from registry.usecases.entries import entry_change

@@ -42,7 +42,7 @@ import asyncpg
 import httpx
 import pytest
 
-from api.client import RegistryClient, entry_path
+from cli.client import RegistryClient, entry_path
 from registry.canonical import canonicalize
 from registry.keys import SigningKey, write_key_file
 from registry.models import parse_datetime

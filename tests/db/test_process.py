@@ -20,7 +20,7 @@ import httpx
 import pytest
 import trio
 
-from api.client import RegistryClient
+from cli.client import RegistryClient
 from registry.keys import SigningKey
 from tests.db.proc import run_server
 from tests.helpers import entry_template, signed_entry
@@ -138,7 +138,7 @@ def test_kill_9_during_writes_loses_no_acknowledged_write(
 def test_cli_keygen_writes_key_and_prints_did(tmp_path: Path) -> None:
     out = tmp_path / "me.key"
     result = subprocess.run(
-        [sys.executable, "-m", "api.cli", "keygen", "--out", str(out)],
+        [sys.executable, "-m", "cli", "keygen", "--out", str(out)],
         capture_output=True,
         text=True,
         check=False,
@@ -148,7 +148,7 @@ def test_cli_keygen_writes_key_and_prints_did(tmp_path: Path) -> None:
     assert did.startswith("did:key:z6Mk")
     assert out.stat().st_mode & 0o777 == 0o600
     again = subprocess.run(
-        [sys.executable, "-m", "api.cli", "keygen", "--out", str(out)],
+        [sys.executable, "-m", "cli", "keygen", "--out", str(out)],
         capture_output=True,
         text=True,
         check=False,
@@ -186,7 +186,7 @@ def test_second_serve_on_the_same_embedded_data_dir_refuses(tmp_path: Path) -> N
     data_dir = tmp_path / "data"
     with run_server(data_dir) as server:
         second = subprocess.run(
-            [sys.executable, "-m", "api.cli", "serve", "--port", "0", "--data-dir", str(data_dir)],
+            [sys.executable, "-m", "cli", "serve", "--port", "0", "--data-dir", str(data_dir)],
             capture_output=True,
             text=True,
             timeout=60,

@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 import trio
 
-from api.client import RegistryClient
+from cli.client import RegistryClient
 from registry.keys import SigningKey
 from tests.db.proc import free_port, run_server
 from tests.helpers import entry_template
-from ws.watch import Watcher, WatchError, WatchOptions
+from cli.watch import Watcher, WatchError, WatchOptions
 
 DEADLINE = 60
 
@@ -94,7 +94,7 @@ def test_the_watch_command_prints_json_lines(database_url: str, tmp_path: Path) 
         (sequence,) = publish(server.url, key, [did])
         done = subprocess.run(
             [
-                *(sys.executable, "-m", "api.cli", "watch", "--url", server.url),
+                *(sys.executable, "-m", "cli", "watch", "--url", server.url),
                 *("--from", "0", "--did", did, "--max-events", "1"),
             ],
             capture_output=True,

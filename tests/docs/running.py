@@ -82,7 +82,7 @@ def serving(args: Sequence[str], env: dict[str, str], cwd: Path) -> Iterator[Ser
     """`registry serve ARGS` until the block ends (then SIGTERM, and its exit is waited for);
     ready once it logs `serving on <url>` (read from its log as it comes: no polling)."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "api.cli", "serve", *args],
+        [sys.executable, "-m", "cli", "serve", *args],
         cwd=cwd,
         env=env,
         stdout=subprocess.PIPE,
@@ -181,7 +181,7 @@ class Sandbox:
         self.bin = self.home.parent / f"{self.home.name}-bin"
         self.bin.mkdir(exist_ok=True)
         for name, command in (
-            ("registry", f"exec {shlex.quote(sys.executable)} -m api.cli"),
+            ("registry", f"exec {shlex.quote(sys.executable)} -m cli"),
             ("python", f"exec {shlex.quote(sys.executable)}"),
         ):
             shim = self.bin / name

@@ -316,7 +316,7 @@ def story_cli_errors(ctx: Context) -> Outputs:
     """cli.md's mistakes, in a HOME with the README's agent.json and a malformed broken.json,
     no registry needed: port 8080 in use, nothing listening on 9999, ./.registry locked as a
     running `serve` locks it (by this process); and a database that cannot be used."""
-    from service.serve import _own_data_dir
+    from service.serve import own_data_dir
 
     with socket.socket() as probe:  # `registry serve --port 8081` must reach the data-dir check
         try:
@@ -328,7 +328,7 @@ def story_cli_errors(ctx: Context) -> Outputs:
         stack.enter_context(port_in_use("127.0.0.1", 9999, listen=False))
         sandbox = Sandbox(ctx.tmp / "home")
         (sandbox.home / ".registry").mkdir()
-        stack.enter_context(_own_data_dir(sandbox.home / ".registry"))
+        stack.enter_context(own_data_dir(sandbox.home / ".registry"))
         (sandbox.home / "agent.json").write_text(readme_agent_json())
         (sandbox.home / "broken.json").write_text(BROKEN_JSON)
         out = {"errors": Transcript(sandbox, Aliases()).run(ctx.block("cli-errors", "errors"))}
@@ -351,7 +351,7 @@ def story_usage(ctx: Context) -> Outputs:
     """cli.md's synopsis: the usage line of `registry --help` and of each `registry COMMAND
     --help`, as argparse writes it, but without `[-h]`, with a command's positionals first
     and `...` after the options that may be repeated."""
-    from api.cli import build_parser
+    from cli.main import build_parser
 
     parser = build_parser()
     lines = [f"registry {_usage(parser, 'registry', positionals_first=False)}", ""]
@@ -698,7 +698,7 @@ def story_config(ctx: Context) -> Outputs:
     (sandbox.home / "precedence.toml").write_text(f"[server]\n{port}\n{host}\n")
     (sandbox.home / "read_config.py").write_text(
         "import sys\n"
-        "from api.cli import _config, build_parser\n"
+        "from cli.main import _config, build_parser\n"
         "config = _config(build_parser().parse_args(sys.argv[1:]))\n"
         "print(config.server.host, config.server.port)\n"
     )

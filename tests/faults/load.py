@@ -36,7 +36,7 @@ class Load:
         self.events = workdir / f"watch-{uuid.uuid4().hex[:8]}.jsonl"
         self._watch_out = self.events.open("w")
         self._watch = subprocess.Popen(
-            [sys.executable, "-m", "api.cli", "watch", "--url", url, "--from", "0",
+            [sys.executable, "-m", "cli", "watch", "--url", url, "--from", "0",
              "--kind", "entry.created"],
             stdout=self._watch_out,
             stderr=subprocess.DEVNULL,

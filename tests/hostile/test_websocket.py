@@ -9,7 +9,7 @@ import socket
 import time
 from contextlib import ExitStack
 
-from api.client import RegistryClient
+from cli.client import RegistryClient
 from registry.keys import SigningKey
 from tests.db.proc import Server
 from tests.helpers import entry_template

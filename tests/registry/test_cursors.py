@@ -1,59 +1,50 @@
-"""Discovery cursors: opaque, authenticated, bound to their query and to the ranking they were
-issued under."""
+"""The one cursor codec: positions round-trip, and nothing else opens."""
 
 from __future__ import annotations
 
 import base64
-import hashlib
-import hmac
-import json
-from typing import Any
 
 import pytest
 
-from registry.discovery import (
-    CURSOR_VERSION,
-    CursorCodec,
-    parse_discover_request,
-    query_fingerprint,
-)
+from registry.cursors import SealedCursors
 from registry.errors import Invalid
 
-SECRET = b"\x01" * 32
+BAD = Invalid("not ours", code="invalid_cursor")
 
 
-def _forge(query: Any, version: int, position: list[Any]) -> str:
-    """A cursor as a server with this secret would have issued it under `version`."""
-    key = hashlib.sha256(b"registry discover cursor\0" + SECRET).digest()
-    body = json.dumps(
-        {"v": version, "q": query_fingerprint(query), "k": position}, separators=(",", ":")
-    ).encode()
-    tag = hmac.new(key, body, hashlib.sha256).digest()[:16]
-    return base64.urlsafe_b64encode(tag + body).rstrip(b"=").decode("ascii")
+def test_a_sealed_position_opens_as_itself() -> None:
+    cursors = SealedCursors(b"secret", b"registry test cursor")
+    for position in ([1, "a", None], {"v": 1, "k": [2.5, "z"]}, "x"):
+        assert cursors.open(cursors.seal(position), BAD) == position
 
 
-def test_a_cursor_round_trips_for_its_query_only() -> None:
-    codec = CursorCodec(SECRET)
-    query = parse_discover_request({"tags": ["a"]})
-    cursor = codec.encode(query, [42])
-    assert codec.decode(query, cursor) == [42]
-    with pytest.raises(Invalid) as error:
-        codec.decode(parse_discover_request({"tags": ["b"]}), cursor)
-    assert error.value.code == "invalid_cursor"
+def test_the_wire_form_is_unpadded_base64url_of_a_16_byte_tag_and_compact_json() -> None:
+    cursor = SealedCursors(b"secret", b"p").seal({"b": 1, "a": [1, 2]}, sort_keys=True)
+    assert "=" not in cursor
+    raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+    assert raw[16:] == b'{"a":[1,2],"b":1}'
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        SealedCursors(b"secret", b"registry other cursor"),  # another purpose
+        SealedCursors(b"another secret", b"registry test cursor"),  # another registry
+    ],
+)
+def test_a_cursor_of_another_purpose_or_secret_does_not_open(other: SealedCursors) -> None:
+    cursors = SealedCursors(b"secret", b"registry test cursor")
     with pytest.raises(Invalid):
-        CursorCodec(b"\x02" * 32).decode(query, cursor)  # another registry's
-    assert _forge(query, CURSOR_VERSION, [42]) == cursor
+        cursors.open(other.seal([1]), BAD)
 
 
-def test_version_1_cursors_are_refused_only_where_the_rank_changed() -> None:
-    """Version 1 ranked by ts_rank_cd: its rank values would misplace the next page of a
-    relevance ordering; its other orderings are unchanged and still page."""
-    codec = CursorCodec(SECRET)
-    ranked = parse_discover_request({"text": "invoice"})
-    with pytest.raises(Invalid) as error:
-        codec.decode(ranked, _forge(ranked, 1, [0.5, "did:web:x"]))
-    assert error.value.code == "invalid_cursor"
-    by_name = parse_discover_request({"orderBy": "name"})
-    assert codec.decode(by_name, _forge(by_name, 1, ["a", "did:web:x"])) == ["a", "did:web:x"]
-    with pytest.raises(Invalid):
-        codec.decode(by_name, _forge(by_name, 99, ["a", "did:web:x"]))
+def test_an_altered_or_invented_cursor_does_not_open() -> None:
+    cursors = SealedCursors(b"secret", b"registry test cursor")
+    cursor = cursors.seal({"k": [1]})
+    raw = bytearray(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+    raw[-2] ^= 1  # one bit of the body
+    altered = base64.urlsafe_b64encode(bytes(raw)).rstrip(b"=").decode()
+    for bad in (altered, "", "!!!", "a", cursor[:-3], "AAAA" * 10):
+        with pytest.raises(Invalid) as raised:
+            cursors.open(bad, BAD)
+        assert raised.value is BAD

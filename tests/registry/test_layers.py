@@ -1,4 +1,6 @@
-"""Layering (design §1): registry/ is the domain and imports no edge; actors/ imports no edge.
+"""Layering (design §1): registry/ is the domain and imports no edge; actors/ imports no edge;
+and every package imports only the layers below it, in this order: registry, actors, ws, api,
+service (the composition root), cli (the command line, the client).
 
 Every import statement counts, including ones inside functions and `if TYPE_CHECKING:` blocks,
 because each still ties the inner layer to the outer one.
@@ -7,6 +9,7 @@ because each still ties the inner layer to the outer one.
 from __future__ import annotations
 
 import ast
+import graphlib
 from pathlib import Path
 
 import pytest
@@ -21,6 +24,9 @@ IO_LIBRARIES = frozenset(
     {"httpx", "asyncpg", "trio_asyncio", "trio_websocket", "socket", "ssl", "http", "urllib3"}
 )
 IO_CALLS = ("trio.socket", "trio.open_tcp_stream", "trio.open_tcp_listeners", "trio.serve_tcp")
+
+
+LAYERS = ("registry", "actors", "ws", "api", "service", "cli")  # each imports only earlier ones
 
 
 def imported_modules(source: str, filename: str = "<source>") -> set[str]:
@@ -117,3 +123,58 @@ def test_the_checker_catches_every_form_of_forbidden_import(source: str) -> None
 def test_the_checker_allows_inner_and_unrelated_imports(source: str) -> None:
     modules = imported_modules(source)
     assert not {name for name in modules if name.split(".")[0] in REGISTRY_FORBIDDEN}
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_no_package_imports_a_layer_above_it(layer: str) -> None:
+    above = frozenset(LAYERS[LAYERS.index(layer) + 1 :])
+    assert (ROOT / layer).is_dir()
+    assert forbidden_imports(layer, above) == {}
+
+
+def test_every_package_of_the_checkout_has_a_layer() -> None:
+    """A new top-level package must say where it stands."""
+    packages = {p.parent.name for p in ROOT.glob("*/__init__.py")}
+    assert packages - {"tests", "bench"} == set(LAYERS)
+
+
+def module_graph() -> dict[str, set[str]]:
+    """Every module of the layers → the modules of the layers it imports (anywhere in it)."""
+    modules: dict[str, Path] = {}
+    for layer in LAYERS:
+        for path in (ROOT / layer).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+
+    def owner(name: str) -> str | None:  # the module a dotted name lives in
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        found: set[str | None] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.Import):
+                found.update(owner(alias.name) for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                    base = f"{up}.{base}" if base else up
+                found.update(owner(f"{base}.{alias.name}") for alias in node.names)
+        graph[name] = {m for m in found if m is not None and m != name}
+    return graph
+
+
+def test_the_modules_import_each_other_without_a_cycle() -> None:
+    graph = module_graph()
+    assert len(graph) > 80
+    assert "registry.store.pg" in graph["service.serve"]
+    graphlib.TopologicalSorter(graph).prepare()  # raises CycleError, naming the cycle
+
+
+def test_the_cycle_check_sees_a_cycle() -> None:
+    with pytest.raises(graphlib.CycleError):
+        graphlib.TopologicalSorter({"a": {"b"}, "b": {"c"}, "c": {"a"}}).prepare()

@@ -1,6 +1,6 @@
 """A small Python client for people: sign in with a key file, publish and read signed entries.
 
-from api.client import RegistryClient
+from cli.client import RegistryClient
 from registry.keys import read_key_file
 key = read_key_file(Path("me.key"))
 with RegistryClient("http://127.0.0.1:8080") as client:

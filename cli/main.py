@@ -30,7 +30,7 @@ from urllib.parse import urlsplit, urlunsplit
 from registry.keys import KeyFileError, SigningKey, read_key_file, write_key_file
 
 if TYPE_CHECKING:  # registry.config (pydantic) is imported only by the commands that need it
-    from api.client import RegistryClient, RegistryClientError
+    from cli.client import RegistryClient, RegistryClientError
     from registry.config import Config
 
 DEFAULT_URL = os.environ.get("REGISTRY_URL", "http://127.0.0.1:8080")
@@ -137,11 +137,11 @@ def _bind_error(host: str, port: int, exc: OSError) -> CliError:
 def _check_data_dir_free(data_dir: Path) -> None:
     """Fail before anything starts if another `serve` owns this data directory's embedded
     database (the lock `service.serve` takes; the message is the one `serve` would give)."""
-    from service.serve import DataDirInUse, _own_data_dir
+    from service.serve import DataDirInUse, own_data_dir
 
     data_dir.mkdir(parents=True, exist_ok=True)
     try:
-        with _own_data_dir(data_dir):
+        with own_data_dir(data_dir):
             pass
     except DataDirInUse as exc:
         raise CliError(str(exc)) from None
@@ -366,7 +366,7 @@ def _key(args: argparse.Namespace) -> SigningKey | None:
 
 @contextmanager
 def _client(args: argparse.Namespace) -> Iterator[RegistryClient]:
-    from api.client import RegistryClient
+    from cli.client import RegistryClient
 
     with RegistryClient(args.url) as client:
         yield client
@@ -381,7 +381,7 @@ def _as_principal(
     """Run `call` signed in: with the saved session of `key`'s DID (any saved session for the
     URL without a key) while it lasts; else, or when the registry refuses it, sign in with
     `key`."""
-    from api.client import RegistryClientError
+    from cli.client import RegistryClientError
 
     saved = saved_session(args.url, key.did if key else None)
     if saved is None:
@@ -421,7 +421,7 @@ def cmd_login(args: argparse.Namespace) -> int:
 
 
 def cmd_logout(args: argparse.Namespace) -> int:
-    from api.client import RegistryClientError
+    from cli.client import RegistryClientError
 
     key = _key(args)
     mine = [
@@ -477,7 +477,7 @@ def _print_json(value: Any) -> None:
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
-    from api.client import RegistryClientError
+    from cli.client import RegistryClientError
 
     entry = _read_entry(args.entry)
     key = _read_key(args.key)
@@ -506,7 +506,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
 
 def cmd_update(args: argparse.Namespace) -> int:
-    from api.client import RegistryClientError
+    from cli.client import RegistryClientError
 
     entry = _read_entry(args.entry)
     key = _read_key(args.key)
@@ -710,7 +710,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
     import httpx
     import trio
 
-    from ws.watch import Watcher, WatchError, WatchOptions
+    from cli.watch import Watcher, WatchError, WatchOptions
 
     # The watch retries after a disconnect; a registry that is not there at all is a mistake.
     base = _url_key(args.url)
@@ -765,7 +765,7 @@ def explain(exc: BaseException, args: argparse.Namespace) -> tuple[str, int]:
     can act on (a bug: `main` reports those too, without the traceback unless --debug)."""
     import httpx
 
-    from api.client import RegistryClientError
+    from cli.client import RegistryClientError
     from registry.config import ConfigError
 
     url = _url_key(getattr(args, "url", "") or "")
