@@ -8,7 +8,10 @@ Every collection of the oldest generation, and any other over 5 ms, prints one l
 soak's work directory), so long pauses can be put next to the soak's p99 spikes. With
 `REGISTRY_GC_GARBAGE_AT=S`, S seconds after the start it also lists, once, the cyclic garbage
 the collector finds, by type and by the function of each closure (what the request paths leave
-to the collector rather than to reference counting).
+to the collector rather than to reference counting). With `REGISTRY_MALLOC_EVERY=S`, every S
+seconds it prints the C allocator's view (glibc `mallinfo2`: heap size, in use, free inside it)
+and the number of objects the collector tracks, to tell a growing heap of live objects from a
+fragmented one.
 """
 
 from __future__ import annotations
@@ -77,7 +80,37 @@ def _garbage(after: float) -> None:
     sys.stderr.flush()
 
 
+def _malloc(every: float) -> None:
+    import ctypes
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [
+            (name, ctypes.c_size_t)
+            for name in (
+                "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+                "uordblks", "fordblks", "keepcost",
+            )
+        ]  # fmt: skip
+
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallinfo2.restype = MallInfo2
+    mib = 1 << 20
+    while True:
+        time.sleep(every)
+        info = libc.mallinfo2()
+        print(
+            f"malloc heap={info.arena / mib:.1f} mmapped={info.hblkhd / mib:.1f}"
+            f" used={info.uordblks / mib:.1f} free={info.fordblks / mib:.1f} MiB"
+            f" tracked={len(gc.get_objects())} at={time.monotonic():.1f}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
 if __name__ == "__main__":
+    every = os.environ.get("REGISTRY_MALLOC_EVERY")
+    if every:
+        threading.Thread(target=_malloc, args=(float(every),), daemon=True).start()
     gc.callbacks.append(_watch)
     at = os.environ.get("REGISTRY_GC_GARBAGE_AT")
     if at:

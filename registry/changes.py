@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cached_property
-from typing import Any, Literal, Protocol
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
 from registry.errors import (
     Conflict,
@@ -31,6 +31,9 @@ from registry.errors import (
     Unavailable,
     UnsupportedMediaType,
 )
+
+T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
 
 # Errors a request can be refused with and that a retry under the same key must see again.
 # Anything else (unavailable, rate limited, internal) is not recorded: the client may retry.
@@ -158,6 +161,15 @@ class Also:
 
 
 @dataclass(frozen=True)
+class Decided(Generic[T_co]):
+    """A decided change, with what the decision saw that the use-case needs afterwards
+    (`ChangeLog.submit_seen`)."""
+
+    change: Change
+    seen: T_co
+
+
+@dataclass(frozen=True)
 class Change:
     """One change to append: its log `kind`, the `subject` it is about (an entry DID, or None),
     the `rows` its kind's handler writes (JSON-safe, documented per kind), the `event`
@@ -260,16 +272,30 @@ class ChangeLog:
     ) -> Outcome:
         """Decide and append; when the handler answers `Retry` (what the decision read has
         moved), decide again on the new state, up to `MAX_DECISIONS` times."""
+
+        async def deciding() -> Decided[None]:
+            return Decided(await decide(), None)
+
+        outcome, _ = await self.submit_seen(idem, deciding)
+        return outcome
+
+    async def submit_seen(
+        self, idem: IdemKey | None, decide: Callable[[], Awaitable[Decided[T]]]
+    ) -> tuple[Outcome, T | None]:
+        """`submit` for a use-case that needs, once the change is appended, something its
+        decision saw (the entry it was about, the version it replaced): the `seen` of the
+        decision whose change was appended — the last one, when a `Retry` made it decide
+        again — or None when none was (the decision refused)."""
         for _ in range(MAX_DECISIONS):
             try:
-                change = await decide()
+                decided = await decide()
             except RegistryError as exc:
                 if idem is None or type(exc).__name__ not in RECORDED_REFUSALS:
                     raise
-                return await self._recorder.record_refusal(idem, Refusal.of(exc))
-            outcome = await self._append(change, idem)
+                return await self._recorder.record_refusal(idem, Refusal.of(exc)), None
+            outcome = await self._append(decided.change, idem)
             if outcome.refusal is None or outcome.refusal.kind != RETRY:
-                return outcome
+                return outcome, decided.seen
         raise Unavailable(
             "the record kept changing while this request was decided; retry it",
             code="write_contended",

@@ -19,7 +19,7 @@ import trio
 
 from registry.anchoring import control, entry_state, tree_of
 from registry.canonical import canonicalize
-from registry.changes import Change, ChangeLog, IdemKey, Outcome, rfc3339_ms
+from registry.changes import Change, ChangeLog, Decided, IdemKey, Outcome, rfc3339_ms
 from registry.config import Config
 from registry.cursors import SealedCursors
 from registry.errors import Invalid, NotFound
@@ -172,9 +172,7 @@ class Anchors:
     async def _control(
         self, principal: Principal, intent_id: str, action: str, idem: IdemKey | None
     ) -> Outcome:
-        subject: list[str] = []  # the entry whose anchorState the change moves
-
-        async def decide() -> Change:
+        async def decide() -> Decided[str]:  # seen: the entry whose anchorState it moves
             principal.require("admin")
             row = await self.store.get_anchor_intent(intent_id)
             if row is None:
@@ -184,8 +182,7 @@ class Anchors:
                     details={"intentId": intent_id},
                 )
             to = control(intent_id, row.state, action)
-            subject[:] = [row.entry_did]
-            return Change(
+            change = Change(
                 "anchor.updated",
                 row.entry_did,
                 {"intentId": intent_id, "from": row.state, "to": to},
@@ -197,11 +194,11 @@ class Anchors:
                     "by": principal.did,
                 },
             )
+            return Decided(change, row.entry_did)
 
-        outcome = await self.changes.submit(idem, decide)
-        if outcome.refusal is None and not outcome.replayed:
-            for did in subject:  # read your write: GET entry shows the new anchorState
-                self.entries.cache.invalidate(did)
+        outcome, subject = await self.changes.submit_seen(idem, decide)
+        if outcome.refusal is None and not outcome.replayed and subject is not None:
+            self.entries.cache.invalidate(subject)  # read your write: GET shows the anchorState
             self.on_change()
         return outcome
 

@@ -18,7 +18,7 @@ from registry import entries as entry_rules
 from registry.anchoring import with_anchor_state
 from registry.caches import FollowedCache, ResultCache, Served
 from registry.canonical import canonicalize
-from registry.changes import Change, ChangeLog, IdemKey, Outcome
+from registry.changes import Change, ChangeLog, Decided, IdemKey, Outcome
 from registry.config import Config
 from registry.entries import publisher_payload
 from registry.errors import Conflict, Forbidden, Invalid, NotFound
@@ -91,9 +91,7 @@ class Entries:
     # --- writes -------------------------------------------------------------------------
 
     async def create(self, principal: Principal, data: Any, idem: IdemKey | None) -> Outcome:
-        dids: list[str] = []
-
-        async def decide() -> Change:
+        async def decide() -> Decided[str]:
             principal.require("entries.write")
             entry = entry_rules.check_entry(data)
             _check_publisher(principal, entry.publisher)
@@ -104,18 +102,16 @@ class Entries:
                     details={"field": "lifecycleStatus"},
                 )
             await self._refuse_replica(entry.did)
-            dids.append(entry.did)
-            return self.version_change("entry.created", entry, expected_head=None)
+            change = self.version_change("entry.created", entry, expected_head=None)
+            return Decided(change, entry.did)
 
-        outcome = await self.changes.submit(idem, decide)
-        return await self.written(outcome, dids[0] if dids else "", previous=None)
+        outcome, did = await self.changes.submit_seen(idem, decide)
+        return await self.written(outcome, did or "", previous=None)
 
     async def update(
         self, principal: Principal, did: str, data: Any, idem: IdemKey | None
     ) -> Outcome:
-        previous: list[str] = []
-
-        async def decide() -> Change:
+        async def decide() -> Decided[str]:
             principal.require("entries.write")
             entry = entry_rules.check_entry(data)
             if entry.did != did:
@@ -144,17 +140,16 @@ class Entries:
                 )
             entry_rules.check_move(head.lifecycle, entry.lifecycle)
             await self._check_version_label(entry, head)
-            previous.append(head.doc)
-            return self.version_change("entry.updated", entry, expected_head=head.head_seq)
+            change = self.version_change("entry.updated", entry, expected_head=head.head_seq)
+            return Decided(change, head.doc)
 
-        outcome = await self.changes.submit(idem, decide)
-        return await self.written(outcome, did, previous=previous[0] if previous else None)
+        outcome, previous = await self.changes.submit_seen(idem, decide)
+        return await self.written(outcome, did, previous=previous)
 
     async def delete(self, principal: Principal, did: str, idem: IdemKey | None) -> Outcome:
         """Write a tombstone version; afterwards the DID reads as 404 and is never reused."""
-        previous: list[str] = []
 
-        async def decide() -> Change:
+        async def decide() -> Decided[str]:
             head = await self.local_head(did)
             if head.publisher_did != principal.did and not principal.admin:
                 raise Forbidden(
@@ -170,8 +165,7 @@ class Entries:
                 + _json_str(did)
                 + ',"lifecycleStatus":"deleted","sequence":'
             )
-            previous.append(head.doc)
-            return entry_change(
+            change = entry_change(
                 "entry.deleted",
                 did=did,
                 expected_head=head.head_seq,
@@ -182,9 +176,10 @@ class Entries:
                 suffix="}",
                 item_data_hash=_item_data_hash(head.doc) if self.anchoring else None,
             )
+            return Decided(change, head.doc)
 
-        outcome = await self.changes.submit(idem, decide)
-        return await self.written(outcome, did, previous=previous[0] if previous else None)
+        outcome, previous = await self.changes.submit_seen(idem, decide)
+        return await self.written(outcome, did, previous=previous)
 
     def version_change(
         self, kind: str, entry: entry_rules.CheckedEntry, *, expected_head: int | None

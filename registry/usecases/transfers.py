@@ -15,7 +15,7 @@ from typing import Any
 
 from registry import entries as entry_rules
 from registry import trust
-from registry.changes import Also, Change, ChangeLog, IdemKey, Outcome
+from registry.changes import Also, Change, ChangeLog, Decided, IdemKey, Outcome
 from registry.config import Config
 from registry.did import public_key_from_did_key
 from registry.errors import Conflict, Forbidden, Invalid, NotFound
@@ -260,10 +260,8 @@ class Transfers:
         (b) publisherDid (and so the signing key's controller) the recipient, (c) based on the
         offered sequence, which is still the entry's latest, (d) no verifiableAttestations,
         (e) signed by the recipient over the complete publisher payload."""
-        snapshot: list[str] = []
-        subject: list[str] = []
 
-        async def decide() -> Change:
+        async def decide() -> Decided[tuple[str, str]]:
             row = await self._open(offer_id, principal, party="recipient")
             offer = json.loads(row.doc)
             body = body_object(data, required={"entry"}, optional=set(), code="entry_invalid")
@@ -322,9 +320,7 @@ class Transfers:
                 "entry.transferred", entry, expected_head=expected
             )
             doc = dict(offer, status="accepted", decidedAt=rfc3339(self.clock_ms()))
-            snapshot.append(head.doc)
-            subject.append(row.entry_did)
-            return Change(
+            change = Change(
                 "entry.transferred",
                 row.entry_did,
                 rows={"puts": [_offer_put(row.id, row, doc, uniq=None)], "entry": version.rows},
@@ -345,11 +341,13 @@ class Transfers:
                     ),
                 ),
             )
+            return Decided(change, (row.entry_did, head.doc))
 
-        outcome = await self.changes.submit(idem, decide)
-        if not subject:
+        outcome, seen = await self.changes.submit_seen(idem, decide)
+        if seen is None:
             return outcome
-        return await self.entries.written(outcome, subject[0], previous=snapshot[-1])
+        did, previous = seen  # the entry, and the version the transfer replaced
+        return await self.entries.written(outcome, did, previous=previous)
 
 
 def _expired(row: RecordRow, now: int) -> bool:

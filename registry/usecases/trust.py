@@ -15,7 +15,7 @@ from typing import Any
 
 from registry import trust
 from registry.canonical import canonicalize, sha256_hex
-from registry.changes import Also, Change, ChangeLog, IdemKey, Outcome
+from registry.changes import Also, Change, ChangeLog, Decided, IdemKey, Outcome
 from registry.config import Config
 from registry.errors import Conflict, Forbidden, Invalid, NotFound
 from registry.store import RecordRow, Store
@@ -92,9 +92,7 @@ class Attestations:
         self.clock_ms = clock_ms
 
     async def create(self, principal: Principal, data: Any, idem: IdemKey | None) -> Outcome:
-        subject: list[str] = []
-
-        async def decide() -> Change:
+        async def decide() -> Decided[str]:
             principal.require("attest")
             body = body_object(
                 data,
@@ -134,8 +132,7 @@ class Attestations:
                 doc["expiresAt"] = _iso(verified.valid_until)
                 expires_ms = int(verified.valid_until.timestamp() * 1000)
             digest = sha256_hex(canonicalize(credential))
-            subject.append(entry_did)
-            return Change(
+            change = Change(
                 "attestation.created",
                 entry_did,
                 rows={
@@ -162,18 +159,17 @@ class Attestations:
                 },
                 event={"attestationId": attestation_id, "issuerDid": principal.did},
             )
+            return Decided(change, entry_did)
 
-        outcome = await self.changes.submit(idem, decide)
-        if subject and outcome.refusal is None and not outcome.replayed:
-            self.entries.cache.invalidate(subject[0])  # read your write: GET shows it
+        outcome, subject = await self.changes.submit_seen(idem, decide)
+        if subject is not None and outcome.refusal is None and not outcome.replayed:
+            self.entries.cache.invalidate(subject)  # read your write: GET shows it
         return outcome
 
     async def revoke(
         self, principal: Principal, attestation_id: str, idem: IdemKey | None
     ) -> Outcome:
-        subject: list[str] = []
-
-        async def decide() -> Change:
+        async def decide() -> Decided[str]:
             row = await self.get_row(attestation_id)
             if row.owner_did != principal.did:
                 raise Forbidden(
@@ -187,8 +183,7 @@ class Attestations:
                 )
             doc = json.loads(row.doc)
             doc["revokedAt"] = rfc3339(self.clock_ms())
-            subject.append(row.entry_did)
-            return Change(
+            change = Change(
                 "attestation.revoked",
                 row.entry_did,
                 rows={
@@ -210,10 +205,11 @@ class Attestations:
                 },
                 event={"attestationId": attestation_id, "issuerDid": principal.did},
             )
+            return Decided(change, row.entry_did)
 
-        outcome = await self.changes.submit(idem, decide)
-        if subject and outcome.refusal is None and not outcome.replayed:
-            self.entries.cache.invalidate(subject[0])
+        outcome, subject = await self.changes.submit_seen(idem, decide)
+        if subject is not None and outcome.refusal is None and not outcome.replayed:
+            self.entries.cache.invalidate(subject)
         return outcome
 
     async def get_row(self, attestation_id: str) -> RecordRow:
