@@ -9,18 +9,43 @@ claim `uniq` (e.g. one open report per reporter and entry) while they hold it.
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from typing import Any
 
 from registry.canonical import canonicalize
-from registry.changes import RETRY, Refusal
+from registry.changes import RETRY, ChangeLog, Refusal
+from registry.config import Config
 from registry.did import is_did
 from registry.errors import Invalid, RegistryError
 from registry.models import parse_datetime
-from registry.store import RecordRow
+from registry.store import RecordRow, Store
+from registry.usecases.common import now_ms
+from registry.usecases.entries import Entries
 
 MAX_TEXT = 2000  # reasons and notes
 
 RETRY_REFUSAL = Refusal(RETRY, "record_changed", "a concurrent change took this claim")
+
+
+class RecordUseCase:
+    """What every trust and ownership use-case works with: the store it reads, the change
+    log it writes through, the entries (whose cache a record's change may move), the
+    configuration and the clock."""
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        changes: ChangeLog,
+        entries: Entries,
+        config: Config,
+        clock_ms: Callable[[], int] = now_ms,
+    ) -> None:
+        self.store = store
+        self.changes = changes
+        self.entries = entries
+        self.config = config
+        self.clock_ms = clock_ms
 
 
 def new_id(prefix: str) -> str:

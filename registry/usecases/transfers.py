@@ -10,20 +10,18 @@ the offer becomes `accepted`, followed in the same transaction by transfer.accep
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from typing import Any
 
 from registry import entries as entry_rules
 from registry import trust
-from registry.changes import Also, Change, ChangeLog, Decided, IdemKey, Outcome
-from registry.config import Config
+from registry.changes import Also, Change, Decided, IdemKey, Outcome
 from registry.did import public_key_from_did_key
 from registry.errors import Conflict, Forbidden, Invalid, NotFound
-from registry.store import RecordRow, Store
-from registry.usecases.common import Principal, now_ms, rfc3339
-from registry.usecases.entries import Entries
+from registry.store import RecordRow
+from registry.usecases.common import Principal, rfc3339
 from registry.usecases.records import (
     RETRY_REFUSAL,
+    RecordUseCase,
     body_object,
     did_field,
     new_id,
@@ -39,22 +37,7 @@ MAX_TTL_MS = 30 * DAY_MS
 OPEN = "offered"
 
 
-class Transfers:
-    def __init__(
-        self,
-        *,
-        store: Store,
-        changes: ChangeLog,
-        entries: Entries,
-        config: Config,
-        clock_ms: Callable[[], int] = now_ms,
-    ) -> None:
-        self.store = store
-        self.changes = changes
-        self.entries = entries
-        self.config = config
-        self.clock_ms = clock_ms
-
+class Transfers(RecordUseCase):
     # --- reads ---------------------------------------------------------------------------
 
     async def get(self, offer_id: str) -> str:

@@ -22,6 +22,7 @@ from registry.store import RecordRow, Store
 from registry.usecases.common import Principal, now_ms, page_size, parse_sequence, rfc3339
 from registry.usecases.entries import Entries
 from registry.usecases.records import (
+    RecordUseCase,
     body_object,
     did_field,
     new_id,
@@ -75,22 +76,7 @@ def page_json(name: str, rows: list[RecordRow], cursor: str | None, **extra: Any
 # --- attestations ------------------------------------------------------------------------
 
 
-class Attestations:
-    def __init__(
-        self,
-        *,
-        store: Store,
-        changes: ChangeLog,
-        entries: Entries,
-        config: Config,
-        clock_ms: Callable[[], int] = now_ms,
-    ) -> None:
-        self.store = store
-        self.changes = changes
-        self.entries = entries
-        self.config = config
-        self.clock_ms = clock_ms
-
+class Attestations(RecordUseCase):
     async def create(self, principal: Principal, data: Any, idem: IdemKey | None) -> Outcome:
         async def decide() -> Decided[str]:
             principal.require("attest")
@@ -238,25 +224,23 @@ def _iso(moment: datetime) -> str:
 # --- bonds -------------------------------------------------------------------------------
 
 
-class Bonds:
+class Bonds(RecordUseCase):
     def __init__(
         self,
         *,
+        registry_did: str,
+        shares: trust.Shares | None = None,
         store: Store,
         changes: ChangeLog,
         entries: Entries,
         config: Config,
-        registry_did: str,
-        shares: trust.Shares | None = None,
         clock_ms: Callable[[], int] = now_ms,
     ) -> None:
-        self.store = store
-        self.changes = changes
-        self.entries = entries
-        self.config = config
-        self.registry_did = registry_did
+        super().__init__(
+            store=store, changes=changes, entries=entries, config=config, clock_ms=clock_ms
+        )
+        self.registry_did = registry_did  # the registry a bond is held by (its documents say)
         self.shares = shares or trust.Shares()
-        self.clock_ms = clock_ms
 
     async def provision(self, principal: Principal, data: Any, idem: IdemKey | None) -> Outcome:
         async def decide() -> Change:
@@ -450,23 +434,21 @@ class Bonds:
 # --- reports -----------------------------------------------------------------------------
 
 
-class Reports:
+class Reports(RecordUseCase):
     def __init__(
         self,
         *,
+        bonds: Bonds,  # a resolved report may slash the entry's bond
         store: Store,
         changes: ChangeLog,
         entries: Entries,
-        bonds: Bonds,
         config: Config,
         clock_ms: Callable[[], int] = now_ms,
     ) -> None:
-        self.store = store
-        self.changes = changes
-        self.entries = entries
+        super().__init__(
+            store=store, changes=changes, entries=entries, config=config, clock_ms=clock_ms
+        )
         self.bonds = bonds
-        self.config = config
-        self.clock_ms = clock_ms
 
     async def create(self, principal: Principal, data: Any, idem: IdemKey | None) -> Outcome:
         async def decide() -> Change:
