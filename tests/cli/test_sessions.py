@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from api import cli as cli_module
+from cli import main as cli_module
 from cli.client import RegistryClient, RegistryClientError
 from registry.keys import SigningKey, read_key_file, write_key_file
 from tests.cli.cli_support import Cli

@@ -14,10 +14,10 @@ import pytest
 import trio
 
 from cli.client import RegistryClient
+from cli.watch import Watcher, WatchError, WatchOptions
 from registry.keys import SigningKey
 from tests.db.proc import free_port, run_server
 from tests.helpers import entry_template
-from cli.watch import Watcher, WatchError, WatchOptions
 
 DEADLINE = 60
 
