@@ -95,8 +95,11 @@ def _malloc(every: float) -> None:
     libc = ctypes.CDLL("libc.so.6")
     libc.mallinfo2.restype = MallInfo2
     mib = 1 << 20
+    trim = os.environ.get("REGISTRY_MALLOC_TRIM") == "1"
     while True:
         time.sleep(every)
+        if trim:
+            libc.malloc_trim(0)
         info = libc.mallinfo2()
         print(
             f"malloc heap={info.arena / mib:.1f} mmapped={info.hblkhd / mib:.1f}"

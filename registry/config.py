@@ -60,6 +60,8 @@ class ServerConfig(_Section):
     # Wrap each connection (ws/transport.py): the limits above and the events' fast path. Off
     # (or a Hypercorn the hook does not fit): Hypercorn's ordinary path, said at start.
     connection_hook: bool = True
+    # Give the C heap's free pages back to the system this often (glibc; 0: never).
+    memory_trim_seconds: Annotated[float, Field(ge=0, le=3600)] = 30.0
 
     @property
     def key_path(self) -> Path:
@@ -126,7 +128,7 @@ class LimitsConfig(_Section):
     federation_body_bytes: Annotated[int, Field(ge=1024)] = 4 * 1024 * 1024
     small_body_bytes: Annotated[int, Field(ge=1024)] = 64 * 1024
     discover_cache_entries: Annotated[int, Field(ge=0, le=100_000)] = 2000  # 0: no result cache
-    cache_mib: Annotated[int, Field(ge=1, le=65536)] = 8  # each of the entry and page caches
+    cache_mib: Annotated[int, Field(ge=1, le=65536)] = 4  # each of the entry and page caches
 
     @model_validator(mode="before")
     @classmethod

@@ -31,6 +31,7 @@ from registry.keys import load_or_create_key
 from registry.store.embedded import EmbeddedPostgres
 from registry.store.migrate import migrate
 from registry.store.pg import open_pg_store
+from service.memory import malloc_trimmer, trim_every
 from service.wiring import Service, open_service
 from ws.transport import (
     GUARD_ATTRIBUTE,
@@ -209,6 +210,9 @@ async def serve(
         app = service.app
 
         async with trio.open_nursery() as nursery:
+            trim = malloc_trimmer() if config.server.memory_trim_seconds else None
+            if trim is not None:
+                nursery.start_soon(trim_every, config.server.memory_trim_seconds, trim)
             if handle_signals:
                 nursery.start_soon(_watch_signals, stop)
                 if reload is not None:
