@@ -154,10 +154,12 @@ def anchor_of(query: RegistryQuery) -> Expr | None:
     match the query (`may_match` is False), so a change need not look at those pages."""
     where = query.where
     conjuncts = where.exprs if isinstance(where, And) else (where,) if where is not None else ()
-    for wanted in (_is_match, _is_tag, _is_equality, _is_any):
+    for wanted in (_is_match, _is_tag, _is_equality):
         for conjunct in conjuncts:
             if wanted(conjunct):
                 return conjunct
+    if conjuncts:
+        return conjuncts[0]  # any conjunct is a necessary condition
     if query.entry_type != ALL_TYPES:
         return Compare("entryType", "=", query.entry_type)
     if query.service_type is not None:
@@ -180,10 +182,6 @@ def _is_tag(expr: Expr) -> bool:
 
 def _is_equality(expr: Expr) -> bool:
     return isinstance(expr, Compare) and expr.op == "="
-
-
-def _is_any(expr: Expr) -> bool:
-    return True
 
 
 def _all(values: list[Maybe]) -> Maybe:

@@ -155,6 +155,28 @@ def hypercorn_with_frame_streams() -> Iterator[None]:
     hypercorn_worker.TCPServer = original  # type: ignore[attr-defined]
 
 
+@asynccontextmanager
+async def serving(app: QuartTrio, config: HyperConfig) -> AsyncIterator[str]:
+    """Hypercorn serving `app` with `config` on a free port of 127.0.0.1: its http:// URL."""
+    config.bind = ["127.0.0.1:0"]
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        binds: Any = await nursery.start(
+            lambda task_status: hypercorn.trio.serve(
+                app, config, shutdown_trigger=stop.wait, task_status=task_status
+            )
+        )
+        try:
+            yield binds[0]
+        finally:
+            stop.set()
+
+
+async def open_to(url: str) -> trio.SocketStream:
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    return await trio.open_tcp_stream(host, int(port))
+
+
 @pytest.mark.usefixtures("hypercorn_with_frame_streams")
 async def test_hypercorn_serves_each_plain_connection_through_a_frame_stream() -> None:
     app = QuartTrio(__name__)
@@ -170,21 +192,12 @@ async def test_hypercorn_serves_each_plain_connection_through_a_frame_stream() -
         await websocket.send(json.dumps({"n": 3}))
         await websocket.receive()
 
-    config = HyperConfig()
-    config.bind = ["127.0.0.1:0"]
-    stop = trio.Event()
-    async with trio.open_nursery() as nursery:
-        binds: Any = await nursery.start(
-            lambda task_status: hypercorn.trio.serve(
-                app, config, shutdown_trigger=stop.wait, task_status=task_status
-            )
-        )
-        url = binds[0].replace("http://", "ws://") + "/ws"
+    async with serving(app, HyperConfig()) as base:
+        url = base.replace("http://", "ws://") + "/ws"
         with trio.fail_after(DEADLINE):
             async with open_websocket_url(url) as client:
                 got = [json.loads(await client.get_message()) for _ in range(4)]
                 await client.send_message("bye")
-        stop.set()
     assert got == [{"type": "hello"}, {"n": 1}, {"n": 2}, {"n": 3}]
 
 
@@ -204,18 +217,10 @@ async def test_a_handler_slower_than_the_read_timeout_still_answers() -> None:
 
     app.asgi_app = with_framing_checks(app.asgi_app, lambda: "rid")  # type: ignore[method-assign]
     config = HyperConfig()
-    config.bind = ["127.0.0.1:0"]
     setattr(config, GUARD_ATTRIBUTE, ConnectionGuard(ConnectionLimits(read_timeout=0.5)))
-    stop = trio.Event()
-    async with trio.open_nursery() as nursery:
-        binds: Any = await nursery.start(
-            lambda task_status: hypercorn.trio.serve(
-                app, config, shutdown_trigger=stop.wait, task_status=task_status
-            )
-        )
-        host, port = binds[0].removeprefix("http://").rsplit(":", 1)
+    async with serving(app, config) as url:
         with trio.fail_after(DEADLINE):
-            stream = await trio.open_tcp_stream(host, int(port))
+            stream = await open_to(url)
             await stream.send_all(b"POST /slow HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\n\r\n{}")
             answer = b""
             while b"done" not in answer:
@@ -223,7 +228,6 @@ async def test_a_handler_slower_than_the_read_timeout_still_answers() -> None:
                 assert chunk, f"cut before the answer: {answer!r}"
                 answer += chunk
             await stream.aclose()
-        stop.set()
     assert answer.startswith(b"HTTP/1.1 200")
 
 
@@ -285,22 +289,13 @@ async def test_a_config_marked_plain_keeps_hypercorns_own_connections() -> None:
         return "ok"
 
     config = HyperConfig()
-    config.bind = ["127.0.0.1:0"]
     setattr(config, PLAIN_ATTRIBUTE, True)
-    stop = trio.Event()
-    async with trio.open_nursery() as nursery:
-        binds: Any = await nursery.start(
-            lambda task_status: hypercorn.trio.serve(
-                app, config, shutdown_trigger=stop.wait, task_status=task_status
-            )
-        )
-        host, port = binds[0].removeprefix("http://").rsplit(":", 1)
+    async with serving(app, config) as url:
         with trio.fail_after(DEADLINE):
-            async with await trio.open_tcp_stream(host, int(port)) as stream:
+            async with await open_to(url) as stream:
                 await stream.send_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
                 answer = b""
                 while not answer.endswith(b"\r\n\r\nok"):  # (Hypercorn alone may not close)
                     answer += await stream.receive_some()
-        stop.set()
     assert answer.startswith(b"HTTP/1.1 200")
     assert seen == [None]
