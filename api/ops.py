@@ -20,7 +20,7 @@ async def _checks() -> dict[str, str]:
             version = await d.store.schema_version()
             read_only = await d.store.write_condition()  # asked now: recovery shows at once
         checks["database"] = "ok"
-        expected = len(load_migrations())
+        expected = len(load_migrations().numbered)
         checks["migrations"] = "ok" if version == expected else f"at {version}, expected {expected}"
         # Writes: refused now (a read-only database), or the last write failed for a
         # condition of the database (a full disk) and none has succeeded since.

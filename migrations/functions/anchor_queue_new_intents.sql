@@ -1,0 +1,8 @@
+-- New pending intents enter anchor_queue (the statement trigger of anchor_intents, 0013).
+CREATE OR REPLACE FUNCTION anchor_queue_new_intents() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO anchor_queue (sequence, intent_id, available_at)
+    SELECT n.sequence, n.intent_id, n.available_at FROM new_intents n WHERE n.state = 'pending';
+    RETURN NULL;
+END $$;

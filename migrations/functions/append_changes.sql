@@ -1,0 +1,84 @@
+-- The one append path (design §2): append_changes(changes jsonb) applies a batch of changes in
+-- one transaction (group commit). For each change, in order:
+--   1. an Idempotency-Key that already completed answers from its record (no second effect,
+--      no log record, no event); a different request under the key is idempotency_conflict;
+--   2. the kind's handler (a function named by the change, e.g. apply_entry_version) checks its
+--      preconditions and writes its rows, or refuses without writing anything;
+--   3. an applied change takes the next log position and appends its log record (the event),
+--      then its `also` records (each its own position, right after the change's, inserted in
+--      one statement: a batch of anchor confirmations appends one per intent);
+--   4. the outcome, a result text or a refusal (domain data, never an HTTP status), is recorded
+--      under the Idempotency-Key in the same transaction; a handler's `Retry` refusal is not
+--      recorded (the use-case decides again against the new state).
+-- The log head row is locked for the whole batch, so commit order is sequence order (gap-free).
+-- One NOTIFY per batch wakes the log readers of every process; the log itself is the truth.
+--
+-- A handler is `FUNCTION apply_x(p_seq bigint, p_subject text, p_rows jsonb)
+-- RETURNS TABLE (result text, refusal jsonb)`. It must write nothing when it refuses; p_seq is
+-- the position the change takes if it is applied. A new kind of change adds a handler (and its
+-- row in registry/changes.py CHANGE_KINDS).
+CREATE OR REPLACE FUNCTION append_changes(p_changes jsonb)
+RETURNS TABLE (idx integer, seq bigint, result text, refusal jsonb, replayed boolean)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_head    bigint;
+    v_start   bigint;
+    v_seq     bigint;
+    c         jsonb;
+    i         integer := 0;
+    r         record;
+    h         record;
+    v_fp      bytea;
+BEGIN
+    UPDATE log_head SET seq = log_head.seq WHERE id = 1 RETURNING log_head.seq INTO v_head;
+    v_start := v_head;
+    FOR c IN SELECT value FROM jsonb_array_elements(p_changes) LOOP
+        i := i + 1;
+        IF c ? 'idem' THEN
+            v_fp := decode(c #>> '{idem,fingerprint}', 'hex');
+            SELECT x.fingerprint, x.sequence, x.result, x.refusal INTO r FROM idempotency x
+             WHERE x.scope = c #>> '{idem,scope}' AND x.operation = c #>> '{idem,operation}'
+               AND x.key = c #>> '{idem,key}' AND x.created_at > now() - interval '24 hours';
+            IF FOUND THEN
+                IF r.fingerprint <> v_fp THEN
+                    RETURN QUERY SELECT i, NULL::bigint, NULL::text, jsonb_build_object(
+                        'kind', 'Conflict', 'code', 'idempotency_conflict',
+                        'message', 'this Idempotency-Key was already used for a different request',
+                        'details', '{}'::jsonb), false;
+                ELSE
+                    RETURN QUERY SELECT i, r.sequence, r.result, r.refusal, true;
+                END IF;
+                CONTINUE;
+            END IF;
+        END IF;
+        EXECUTE format('SELECT result, refusal FROM %I($1, $2, $3)', c ->> 'handler')
+           INTO h USING v_head + 1, c ->> 'subject', c -> 'rows';
+        v_seq := NULL;
+        IF h.refusal IS NULL THEN
+            v_head := v_head + 1;
+            v_seq := v_head;
+            INSERT INTO log (seq, kind, entry_did, data)
+            VALUES (v_head, c ->> 'kind', c ->> 'subject', coalesce(c -> 'event', '{}'::jsonb));
+            IF c ? 'also' THEN
+                INSERT INTO log (seq, kind, entry_did, data)
+                SELECT v_head + t.n, t.a ->> 'kind', t.a ->> 'subject',
+                       coalesce(t.a -> 'event', '{}'::jsonb)
+                  FROM jsonb_array_elements(c -> 'also') WITH ORDINALITY AS t(a, n);
+                v_head := v_head + jsonb_array_length(c -> 'also');
+            END IF;
+        END IF;
+        IF c ? 'idem' AND (h.refusal IS NULL OR h.refusal ->> 'kind' <> 'Retry') THEN
+            INSERT INTO idempotency (scope, operation, key, fingerprint, sequence, result, refusal)
+            VALUES (c #>> '{idem,scope}', c #>> '{idem,operation}', c #>> '{idem,key}', v_fp,
+                    v_seq, h.result, h.refusal)
+            ON CONFLICT (scope, operation, key) DO UPDATE
+               SET fingerprint = EXCLUDED.fingerprint, sequence = EXCLUDED.sequence,
+                   result = EXCLUDED.result, refusal = EXCLUDED.refusal, created_at = now();
+        END IF;
+        RETURN QUERY SELECT i, v_seq, h.result, h.refusal, false;
+    END LOOP;
+    IF v_head > v_start THEN
+        UPDATE log_head SET seq = v_head WHERE id = 1;
+        PERFORM pg_notify('registry_log', v_head::text);
+    END IF;
+END $$;

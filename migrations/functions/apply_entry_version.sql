@@ -1,0 +1,67 @@
+-- Entry versions: create (expectedHead null: the DID must be new), update, transfer and delete.
+-- rows: {expectedHead, publisherDid, entryType, lifecycle, prefix, suffix, anchor?}; the served
+-- document is prefix ‖ sequence ‖ suffix. The version records its anchor intent in the same
+-- transaction (rows.anchor: {operation, itemDataHash}; intent id `ai_<sequence>`).
+CREATE OR REPLACE FUNCTION apply_entry_version(p_seq bigint, p_did text, p_rows jsonb)
+RETURNS TABLE (result text, refusal jsonb)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_expected  bigint := (p_rows ->> 'expectedHead')::bigint;
+    v_publisher text := p_rows ->> 'publisherDid';
+    v_type      text := p_rows ->> 'entryType';
+    v_lifecycle text := p_rows ->> 'lifecycle';
+    v_head      bigint;
+    v_doc       text;
+    p           record;
+BEGIN
+    SELECT e.head_seq INTO v_head FROM entries e WHERE e.entry_did = p_did;
+    IF v_expected IS NULL AND FOUND THEN
+        RETURN QUERY SELECT NULL::text, jsonb_build_object('kind', 'Conflict',
+            'code', 'entry_exists', 'message', 'an entry with this DID exists or existed',
+            'details', jsonb_build_object('entryDid', p_did));
+        RETURN;
+    ELSIF v_expected IS NOT NULL AND NOT FOUND THEN
+        RETURN QUERY SELECT NULL::text, jsonb_build_object('kind', 'NotFound',
+            'code', 'entry_not_found', 'message', 'entry not found',
+            'details', jsonb_build_object('entryDid', p_did));
+        RETURN;
+    ELSIF v_expected IS NOT NULL AND v_head <> v_expected THEN
+        RETURN QUERY SELECT NULL::text, jsonb_build_object('kind', 'Conflict',
+            'code', 'sequence_conflict',
+            'message', 'the entry changed since the version this request is based on',
+            'details', jsonb_build_object('latestSequence', v_head));
+        RETURN;
+    END IF;
+    v_doc := (p_rows ->> 'prefix') || p_seq::text || (p_rows ->> 'suffix');
+    IF v_lifecycle = 'deleted' THEN
+        UPDATE entries e SET head_seq = p_seq, lifecycle = v_lifecycle, updated_at = now()
+         WHERE e.entry_did = p_did;
+    ELSE
+        SELECT * INTO p FROM entry_projection(v_doc);
+        IF v_expected IS NULL THEN
+            INSERT INTO entries (entry_did, head_seq, created_seq, publisher_did, entry_type,
+                                 lifecycle, name, description, version, tags, service_types,
+                                 relationships, custom_metadata, published_at, updated_at,
+                                 search)
+            VALUES (p_did, p_seq, p_seq, v_publisher, v_type, v_lifecycle, p.name,
+                    p.description, p.version, p.tags, p.service_types, p.relationships,
+                    p.custom_metadata, p.published_at, p.updated_at, p.search);
+        ELSE
+            UPDATE entries e SET head_seq = p_seq, publisher_did = v_publisher,
+                   entry_type = v_type, lifecycle = v_lifecycle, name = p.name,
+                   description = p.description, version = p.version, tags = p.tags,
+                   service_types = p.service_types, relationships = p.relationships,
+                   custom_metadata = p.custom_metadata, published_at = p.published_at,
+                   updated_at = p.updated_at, search = p.search
+             WHERE e.entry_did = p_did;
+        END IF;
+    END IF;
+    INSERT INTO entry_versions (seq, entry_did, publisher_did, lifecycle, doc)
+    VALUES (p_seq, p_did, v_publisher, v_lifecycle, v_doc);
+    IF p_rows ? 'anchor' THEN
+        INSERT INTO anchor_intents (intent_id, entry_did, sequence, operation, item_data_hash)
+        VALUES ('ai_' || p_seq, p_did, p_seq, p_rows #>> '{anchor,operation}',
+                p_rows #>> '{anchor,itemDataHash}');
+    END IF;
+    RETURN QUERY SELECT v_doc, NULL::jsonb;
+END $$;
