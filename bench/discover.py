@@ -406,6 +406,7 @@ class BackgroundWriter:
     async def _write(self) -> None:
         import asyncpg
 
+        from registry.changes import IDEMPOTENCY_WINDOW_MS
         from registry.store.pg import append_payload
         from registry.usecases.entries import entry_change
 
@@ -439,7 +440,9 @@ class BackgroundWriter:
                     suffix="}",
                 )
                 await conn.fetch(
-                    "SELECT * FROM append_changes($1::jsonb)", append_payload([(change, None)])
+                    "SELECT * FROM append_changes($1::jsonb, $2)",
+                    append_payload([(change, None)]),
+                    IDEMPOTENCY_WINDOW_MS,
                 )
                 self.written += 1
                 next_at += period

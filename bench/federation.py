@@ -223,6 +223,7 @@ class Seeded:
 
 
 async def seed_origin(url: str, args: argparse.Namespace, prefix: str) -> Seeded:
+    from registry.changes import IDEMPOTENCY_WINDOW_MS
     from registry.entries import check_entry
     from registry.usecases.common import now_ms, rfc3339
 
@@ -261,8 +262,9 @@ async def seed_origin(url: str, args: argparse.Namespace, prefix: str) -> Seeded
                 t = time.perf_counter()
                 if mode == "append":
                     rows = await conn.fetch(
-                        "SELECT seq, refusal::text AS refusal FROM append_changes($1::jsonb)",
+                        "SELECT seq, refusal::text AS refusal FROM append_changes($1::jsonb, $2)",
                         chunk,
+                        IDEMPOTENCY_WINDOW_MS,
                     )
                     refused = [r["refusal"] for r in rows if r["refusal"] is not None]
                     if refused or len(rows) != size:

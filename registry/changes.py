@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from functools import cached_property
 from typing import Any, Generic, Literal, Protocol, TypeVar
@@ -207,6 +207,20 @@ IDEMPOTENCY_CONFLICT = Refusal(
     "idempotency_conflict",
     "this Idempotency-Key was already used for a different request",
 )
+
+# How long a completed request answers for its Idempotency-Key (design §6): the store keeps its
+# outcome that long (its append path and `record_refusal` take this window), the janitor then
+# deletes it, and the key may be used again.
+IDEMPOTENCY_WINDOW_MS = 24 * 3600 * 1000
+
+
+def standing_outcome(idem: IdemKey, recorded_for: bytes, outcome: Outcome) -> Outcome:
+    """The answer to `idem` when its key already holds `outcome`, recorded for the request whose
+    fingerprint is `recorded_for`: that outcome again (a replay), or `idempotency_conflict`
+    when this is a different request."""
+    if recorded_for != idem.fingerprint:
+        return Outcome(None, None, IDEMPOTENCY_CONFLICT)
+    return replace(outcome, replayed=True)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,9 @@
 -- The one append path (design §2): append_changes(changes jsonb) applies a batch of changes in
 -- one transaction (group commit). For each change, in order:
---   1. an Idempotency-Key that already completed answers from its record (no second effect,
---      no log record, no event); a different request under the key is idempotency_conflict;
+--   1. an Idempotency-Key that already completed within the last p_window_ms answers from its
+--      record (no second effect, no log record, no event): the row is `replayed` and carries
+--      the fingerprint recorded under the key, and the caller's rules tell a replay from an
+--      idempotency conflict (registry/changes.py `standing_outcome`);
 --   2. the kind's handler (a function named by the change, e.g. apply_entry_version) checks its
 --      preconditions and writes its rows, or refuses without writing anything;
 --   3. an applied change takes the next log position and appends its log record (the event),
@@ -17,8 +19,9 @@
 -- RETURNS TABLE (result text, refusal jsonb)`. It must write nothing when it refuses; p_seq is
 -- the position the change takes if it is applied. A new kind of change adds a handler (and its
 -- row in registry/changes.py CHANGE_KINDS).
-CREATE OR REPLACE FUNCTION append_changes(p_changes jsonb)
-RETURNS TABLE (idx integer, seq bigint, result text, refusal jsonb, replayed boolean)
+CREATE OR REPLACE FUNCTION append_changes(p_changes jsonb, p_window_ms bigint)
+RETURNS TABLE (idx integer, seq bigint, result text, refusal jsonb, replayed boolean,
+               fingerprint bytea)
 LANGUAGE plpgsql AS $$
 DECLARE
     v_head    bigint;
@@ -38,16 +41,10 @@ BEGIN
             v_fp := decode(c #>> '{idem,fingerprint}', 'hex');
             SELECT x.fingerprint, x.sequence, x.result, x.refusal INTO r FROM idempotency x
              WHERE x.scope = c #>> '{idem,scope}' AND x.operation = c #>> '{idem,operation}'
-               AND x.key = c #>> '{idem,key}' AND x.created_at > now() - interval '24 hours';
+               AND x.key = c #>> '{idem,key}'
+               AND x.created_at > now() - p_window_ms * interval '1 millisecond';
             IF FOUND THEN
-                IF r.fingerprint <> v_fp THEN
-                    RETURN QUERY SELECT i, NULL::bigint, NULL::text, jsonb_build_object(
-                        'kind', 'Conflict', 'code', 'idempotency_conflict',
-                        'message', 'this Idempotency-Key was already used for a different request',
-                        'details', '{}'::jsonb), false;
-                ELSE
-                    RETURN QUERY SELECT i, r.sequence, r.result, r.refusal, true;
-                END IF;
+                RETURN QUERY SELECT i, r.sequence, r.result, r.refusal, true, r.fingerprint;
                 CONTINUE;
             END IF;
         END IF;
@@ -75,7 +72,7 @@ BEGIN
                SET fingerprint = EXCLUDED.fingerprint, sequence = EXCLUDED.sequence,
                    result = EXCLUDED.result, refusal = EXCLUDED.refusal, created_at = now();
         END IF;
-        RETURN QUERY SELECT i, v_seq, h.result, h.refusal, false;
+        RETURN QUERY SELECT i, v_seq, h.result, h.refusal, false, NULL::bytea;
     END LOOP;
     IF v_head > v_start THEN
         UPDATE log_head SET seq = v_head WHERE id = 1;

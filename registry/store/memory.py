@@ -34,13 +34,14 @@ import trio
 from registry.anchoring import Member
 from registry.changes import (
     CHANGE_KINDS,
-    IDEMPOTENCY_CONFLICT,
+    IDEMPOTENCY_WINDOW_MS,
     RETRY,
     Change,
     IdemKey,
     LogRecord,
     Outcome,
     Refusal,
+    standing_outcome,
 )
 from registry.errors import Unavailable
 from registry.store import (
@@ -64,7 +65,6 @@ K = TypeVar("K")
 V = TypeVar("V")
 
 MODELLED_SCHEMA = 14  # the migration whose semantics this fake follows
-IDEMPOTENCY_TTL_MS = 24 * 3600 * 1000  # an idempotency record answers for 24 hours
 SESSION_GRACE_MS = 24 * 3600 * 1000  # expired sessions are purged a day later
 CHALLENGE_GRACE_MS = 3600 * 1000  # put_challenge collects challenges expired an hour ago
 
@@ -108,6 +108,10 @@ class _IdemRecord:
     result: str | None
     refusal: Refusal | None
     created_ms: int
+
+    @property
+    def outcome(self) -> Outcome:
+        return Outcome(self.sequence, self.result, self.refusal)
 
 
 @dataclass(frozen=True)
@@ -697,10 +701,8 @@ class MemoryStore:
         if key is not None:
             assert idem is not None
             found = self._tables.idempotency.get(key)
-            if found is not None and found.created_ms > tx.now_ms - IDEMPOTENCY_TTL_MS:
-                if found.fingerprint != idem.fingerprint:
-                    return Outcome(None, None, IDEMPOTENCY_CONFLICT)
-                return Outcome(found.sequence, found.result, found.refusal, replayed=True)
+            if found is not None and found.created_ms > tx.now_ms - IDEMPOTENCY_WINDOW_MS:
+                return standing_outcome(idem, found.fingerprint, found.outcome)
         seq = len(self._tables.log) + 1
         result, refusal = handler(tx, seq, change.subject, rows)
         taken = seq if refusal is None else None
@@ -730,12 +732,10 @@ class MemoryStore:
         now = self.clock_ms()
         key = (idem.scope, idem.operation, idem.key)
         found = self._tables.idempotency.get(key)
-        if found is None or found.created_ms <= now - IDEMPOTENCY_TTL_MS:
+        if found is None or found.created_ms <= now - IDEMPOTENCY_WINDOW_MS:
             self._tables.idempotency[key] = _IdemRecord(idem.fingerprint, None, None, stored, now)
             return Outcome(None, None, stored)
-        if found.fingerprint != idem.fingerprint:
-            return Outcome(None, None, IDEMPOTENCY_CONFLICT)
-        return Outcome(found.sequence, found.result, found.refusal, replayed=True)
+        return standing_outcome(idem, found.fingerprint, found.outcome)
 
     # --- entries --------------------------------------------------------------------------
 
@@ -1020,7 +1020,9 @@ class MemoryStore:
         tables = self._tables
         expired: dict[str, list[Any]] = {
             "idempotency": [
-                k for k, r in tables.idempotency.items() if r.created_ms < now - IDEMPOTENCY_TTL_MS
+                k
+                for k, r in tables.idempotency.items()
+                if r.created_ms < now - IDEMPOTENCY_WINDOW_MS
             ],
             "sessions": [
                 k

@@ -25,12 +25,13 @@ import trio_asyncio
 from registry.anchoring import Member
 from registry.changes import (
     CHANGE_KINDS,
-    IDEMPOTENCY_CONFLICT,
+    IDEMPOTENCY_WINDOW_MS,
     Change,
     IdemKey,
     LogRecord,
     Outcome,
     Refusal,
+    standing_outcome,
 )
 from registry.errors import Invalid, Unavailable
 from registry.query import RegistryQuery
@@ -179,7 +180,7 @@ def _change_json(change: Change, idem: IdemKey | None) -> dict[str, Any]:
 
 
 def append_payload(items: list[tuple[Change, IdemKey | None]]) -> str:
-    """The argument of `append_changes` (migration 0008) for `items`, as JSON text."""
+    """The first argument of `append_changes` (migrations/functions/) for `items`, as JSON."""
     return json.dumps(
         [_change_json(change, idem) for change, idem in items],
         ensure_ascii=False,
@@ -187,14 +188,19 @@ def append_payload(items: list[tuple[Change, IdemKey | None]]) -> str:
     )
 
 
-def _outcome(row: Any) -> Outcome:
+def _outcome(row: Any, idem: IdemKey | None) -> Outcome:
+    """A row of `append_changes` or `record_refusal` as an outcome; a `replayed` row is the
+    outcome standing under `idem`'s key, recorded for the request of the row's fingerprint."""
     refusal = row["refusal"]
-    return Outcome(
+    outcome = Outcome(
         row["seq"],
         row["result"],
         None if refusal is None else Refusal.from_json(json.loads(refusal)),
-        row["replayed"],
     )
+    if row["replayed"]:
+        assert idem is not None
+        return standing_outcome(idem, bytes(row["fingerprint"]), outcome)
+    return outcome
 
 
 _RECORD_COLUMNS = (
@@ -300,13 +306,14 @@ class PgStore:
         (which wrote nothing and took no position)."""
         payload = append_payload(items)
         rows = await self._pool.fetch(
-            "SELECT idx, seq, result, refusal::text AS refusal, replayed"
-            " FROM append_changes($1::jsonb)",
+            "SELECT idx, seq, result, refusal::text AS refusal, replayed, fingerprint"
+            " FROM append_changes($1::jsonb, $2)",
             payload,
+            IDEMPOTENCY_WINDOW_MS,
         )
         outcomes: list[Outcome | None] = [None] * len(items)
         for row in rows:
-            outcomes[row["idx"] - 1] = _outcome(row)
+            outcomes[row["idx"] - 1] = _outcome(row, items[row["idx"] - 1][1])
         assert all(o is not None for o in outcomes), "append_changes skipped an item"
         return outcomes  # type: ignore[return-value]
 
@@ -316,17 +323,16 @@ class PgStore:
         stands (a different request's outcome is an idempotency conflict)."""
         row = await self._pool.fetchrow(
             "SELECT fingerprint, seq, result, refusal::text AS refusal, replayed"
-            " FROM record_refusal($1, $2, $3, $4, $5::jsonb)",
+            " FROM record_refusal($1, $2, $3, $4, $5::jsonb, $6)",
             idem.scope,
             idem.operation,
             idem.key,
             idem.fingerprint,
             json.dumps(refusal.to_json(), ensure_ascii=False),
+            IDEMPOTENCY_WINDOW_MS,
         )
         assert row is not None
-        if bytes(row["fingerprint"]) != idem.fingerprint:
-            return Outcome(None, None, IDEMPOTENCY_CONFLICT)
-        return _outcome(row)
+        return _outcome(row, idem)
 
     # --- entries --------------------------------------------------------------------------
 
@@ -683,7 +689,8 @@ class PgStore:
         """Delete expired idempotency records, sessions and challenges."""
         counts: dict[str, int] = {}
         statements = {
-            "idempotency": "DELETE FROM idempotency WHERE created_at < now() - interval '24 hours'",
+            "idempotency": "DELETE FROM idempotency"
+            f" WHERE created_at < now() - {IDEMPOTENCY_WINDOW_MS} * interval '1 millisecond'",
             "sessions": "DELETE FROM sessions WHERE expires_at < now() - interval '1 day'",
             "challenges": "DELETE FROM challenges WHERE expires_at < now()",
             "nonces": "DELETE FROM federation_nonces WHERE expires_ms <= epoch_ms(now())",

@@ -7,7 +7,9 @@ import uuid
 from typing import Any
 
 import pytest
+import trio_asyncio
 
+from registry.changes import IDEMPOTENCY_WINDOW_MS
 from registry.keys import SigningKey
 from tests.api.api_support import (
     JSON,
@@ -190,6 +192,39 @@ async def test_same_key_different_body_is_409(harness: Harness) -> None:
     r = await harness.client.post("/v1/entries", json=entry, headers=headers)
     assert r.status_code == 201
     assert r.headers.get("Idempotent-Replayed") == "true"
+
+
+async def test_a_key_answers_for_the_idempotency_window_and_no_longer(harness: Harness) -> None:
+    """IDEMPOTENCY_WINDOW_MS (registry/changes.py) is the one window: the append path and the
+    refusals recorded before it stop answering from a record older than it."""
+    key = SigningKey.generate()
+    token = await sign_in(harness.client, key)
+    headers = bearer(token, **key_header())
+    first, second = signed_entry(key), signed_entry(key)
+    assert (
+        await harness.client.post("/v1/entries", json=first, headers=headers)
+    ).status_code == 201
+    pool_execute = trio_asyncio.aio_as_trio(harness.store._pool.execute)  # type: ignore[attr-defined]
+
+    async def execute(sql: str) -> None:
+        await pool_execute(sql + " WHERE key = $1", headers["Idempotency-Key"])
+
+    age = f"{IDEMPOTENCY_WINDOW_MS - 60_000} milliseconds"
+    await execute(f"UPDATE idempotency SET created_at = now() - interval '{age}'")
+    r = await harness.client.post("/v1/entries", json=second, headers=headers)
+    await error_of(r, 409, "idempotency_conflict")  # still inside the window
+    # A refusal recorded before the append path (a bad body) answers the same way.
+    r = await harness.client.post("/v1/entries", json={"not": "an entry"}, headers=headers)
+    await error_of(r, 409, "idempotency_conflict")
+
+    age = f"{IDEMPOTENCY_WINDOW_MS + 60_000} milliseconds"
+    await execute(f"UPDATE idempotency SET created_at = now() - interval '{age}'")
+    r = await harness.client.post("/v1/entries", json=second, headers=headers)
+    assert r.status_code == 201
+    assert r.headers.get("Idempotent-Replayed") is None
+    await execute(f"UPDATE idempotency SET created_at = now() - interval '{age}'")
+    r = await harness.client.post("/v1/entries", json={"not": "an entry"}, headers=headers)
+    assert r.status_code == 400
 
 
 async def test_same_key_different_path_is_409(harness: Harness) -> None:
