@@ -1,10 +1,8 @@
 """In-process caches kept true by the durable log (the cache keeper subscribes to it).
 
 All access is from the one Trio thread, with no `await` between a check and its use, so the
-caches need no lock. Invalidations come from the log (actors/caches.py: `Caches.observe`, which
-the log actor calls with every batch before any subscriber gets it, and the cache keeper for the
-discovery pages), and from the local write that drops what it changed before it is answered
-(read your writes).
+caches need no lock. What a change makes stale, and when it is dropped, is decided in one place:
+`registry/coherence.py` (`Caches`).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ import trio
 from quart_trio import QuartTrio
 
 from actors.anchoring import AnchoringHandle, run_anchoring
-from actors.caches import Caches, run_cache_keeper
+from actors.caches import run_cache_keeper
 from actors.chain import LocalChainClient, run_local_chain
 from actors.federation import FederationHandle, HttpTransport, PeerDeps, run_federation
 from actors.janitor import run_janitor
@@ -25,6 +25,7 @@ from api.app import create_app
 from api.http import Deps
 from registry.chain import LocalChain
 from registry.changes import ChangeLog
+from registry.coherence import Caches
 from registry.config import Config
 from registry.discovery import CursorCodec
 from registry.endpoints import EndpointPolicy
@@ -125,8 +126,7 @@ async def open_service(
             store=store,
             changes=changes,
             config=config,
-            cache=caches.entries,
-            results=caches.results,
+            caches=caches,
         )
         discovery = Discovery(
             store=store, config=config, cursors=CursorCodec(key.seed), results=caches.results

@@ -198,7 +198,7 @@ class Anchors:
 
         outcome, subject = await self.changes.submit_seen(idem, decide)
         if outcome.refusal is None and not outcome.replayed and subject is not None:
-            self.entries.cache.invalidate(subject)  # read your write: GET shows the anchorState
+            self.entries.caches.wrote(subject)  # read your write: GET shows the anchorState
             self.on_change()
         return outcome
 

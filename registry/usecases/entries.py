@@ -16,13 +16,13 @@ from typing import Any
 
 from registry import entries as entry_rules
 from registry.anchoring import with_anchor_state
-from registry.caches import FollowedCache, ResultCache, Served
+from registry.caches import Served
 from registry.canonical import canonicalize
 from registry.changes import Change, ChangeLog, Decided, IdemKey, Outcome
+from registry.coherence import Caches
 from registry.config import Config
 from registry.entries import publisher_payload
 from registry.errors import Conflict, Forbidden, Invalid, NotFound
-from registry.matching import facts_of
 from registry.store import EntryHead, ReplicaVersion, Store
 from registry.usecases.common import Principal, now_ms, page_size, parse_sequence, rfc3339
 
@@ -75,15 +75,14 @@ class Entries:
         store: Store,
         changes: ChangeLog,
         config: Config,
-        cache: FollowedCache[str, Served],
-        results: ResultCache,
+        caches: Caches,
         clock_ms: Callable[[], int] = now_ms,
     ) -> None:
         self.store = store
         self.changes = changes
         self.config = config
-        self.cache = cache  # entry DID → head
-        self.results = results  # discovery pages, dropped by the changes that can move them
+        self.caches = caches  # what a write makes stale is theirs to drop (registry/coherence.py)
+        self.cache = caches.entries  # entry DID → head
         self.clock_ms = clock_ms
         # Every version records its anchor intent while anchoring is on (design §8).
         self.anchoring = config.anchoring.enabled
@@ -212,24 +211,8 @@ class Entries:
         if outcome.replayed or outcome.refusal is not None or outcome.sequence is None:
             return outcome
         seq, doc = outcome.sequence, outcome.unwrap()
-        self.cache.invalidate(did)
         versions = [doc] if previous is None else [previous, doc]
-        texts = sorted(self.results.match_texts())
-        decided = False
-        # Said before the await below: the finally drops the pages whatever happens, so the
-        # keeper, which may meet this change's log record meanwhile, need not drop them too.
-        self.results.dropped_for(seq)
-        try:
-            if texts:
-                # Cached full-text pages: the database says which texts the versions match.
-                self.results.touch()
-                found = await self.store.change_versions([(seq, did)], texts)
-                decided = self.results.entry_changed_as_told(found.get(seq), texts)
-        except Exception:  # the write has committed: answer it whatever this check meets
-            log.warning("full-text check of a change failed; its pages are dropped", exc_info=True)
-        finally:
-            if not decided:  # also when cancelled: no await here
-                self.results.entry_changed([facts_of(v) for v in versions])
+        await self.caches.entry_written(seq, did, versions, self.store)
         return outcome
 
     # --- reads --------------------------------------------------------------------------

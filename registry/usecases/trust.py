@@ -149,7 +149,7 @@ class Attestations(RecordUseCase):
 
         outcome, subject = await self.changes.submit_seen(idem, decide)
         if subject is not None and outcome.refusal is None and not outcome.replayed:
-            self.entries.cache.invalidate(subject)  # read your write: GET shows it
+            self.entries.caches.wrote(subject)  # read your write: GET shows it
         return outcome
 
     async def revoke(
@@ -195,7 +195,7 @@ class Attestations(RecordUseCase):
 
         outcome, subject = await self.changes.submit_seen(idem, decide)
         if subject is not None and outcome.refusal is None and not outcome.replayed:
-            self.entries.cache.invalidate(subject)
+            self.entries.caches.wrote(subject)
         return outcome
 
     async def get_row(self, attestation_id: str) -> RecordRow:

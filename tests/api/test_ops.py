@@ -137,8 +137,8 @@ async def test_deep_health_for_an_admin(database_url: str, tmp_path: Path) -> No
 async def test_a_backlog_of_changes_clears_the_discovery_cache_without_reading_them() -> None:
     """Over CHANGES_CHECKED_AT_ONCE changes in one batch the follower clears every page rather
     than read and check them all; up to it, it reads every change's versions in one query."""
-    from actors.caches import CHANGES_CHECKED_AT_ONCE, _drop_moved_pages
     from registry.caches import ResultCache
+    from registry.coherence import CHANGES_CHECKED_AT_ONCE, drop_moved_pages
     from registry.registryql import parse_registryql
 
     class Versions:
@@ -158,11 +158,11 @@ async def test_a_backlog_of_changes_clears_the_discovery_cache_without_reading_t
     results.put("q", (query, "{}"), results.epoch)
     store = Versions()
     few = [(n, f"did:web:{n}") for n in range(CHANGES_CHECKED_AT_ONCE)]
-    await _drop_moved_pages(store, results, few)  # type: ignore[arg-type]
+    await drop_moved_pages(store, results, few)  # type: ignore[arg-type]
     assert len(store.read) == len(few)
     assert results.get("q") is not None  # a tombstone matches nothing: the page stays
     many = [(n, f"did:web:{n}") for n in range(CHANGES_CHECKED_AT_ONCE + 1)]
-    await _drop_moved_pages(store, results, many)  # type: ignore[arg-type]
+    await drop_moved_pages(store, results, many)  # type: ignore[arg-type]
     assert len(store.read) == len(few)  # nothing more was read
     assert results.get("q") is None
 

@@ -18,8 +18,9 @@ import trio
 import trio.testing
 
 from actors.writer import run_writer
-from registry.caches import FollowedCache, ResultCache
+from registry.caches import FollowedCache
 from registry.changes import ChangeLog, IdemKey, Outcome
+from registry.coherence import Caches
 from registry.config import Config, load_config
 from registry.errors import Conflict, Forbidden, NotFound, Unauthorized
 from registry.identity import DidKeyIdentity
@@ -55,13 +56,11 @@ async def world(autojump_clock: trio.testing.MockClock) -> AsyncIterator[World]:
     async with trio.open_nursery() as nursery:
         writer = await nursery.start(run_writer, store)
         changes = ChangeLog(writer.append, store)
-        results = ResultCache(10)
         entries = Entries(
             store=store,
             changes=changes,
             config=config,
-            cache=FollowedCache(),
-            results=results,
+            caches=Caches(discover_capacity=10),
             clock_ms=clock_ms,
         )
         sessions = Sessions(

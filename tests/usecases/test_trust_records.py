@@ -25,8 +25,8 @@ import pytest
 import trio
 import trio.testing
 
-from registry.caches import FollowedCache, ResultCache
 from registry.changes import Change, ChangeLog, IdemKey, LogRecord, Outcome, rfc3339_ms
+from registry.coherence import Caches
 from registry.config import load_config
 from registry.errors import Conflict, Invalid, RegistryError
 from registry.keys import SigningKey
@@ -115,8 +115,7 @@ async def world(autojump_clock: trio.testing.MockClock) -> World:
         store=store,
         changes=changes,
         config=config,
-        cache=FollowedCache(),
-        results=ResultCache(10),
+        caches=Caches(discover_capacity=10),
         clock_ms=clock_ms,
     )
     bonds = Bonds(

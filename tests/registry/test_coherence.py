@@ -1,0 +1,54 @@
+"""What each change makes stale (registry/coherence.py, the one owner of cache coherence)."""
+
+from __future__ import annotations
+
+import pytest
+
+from registry.caches import Served
+from registry.changes import CHANGE_KINDS, LogRecord
+from registry.coherence import Caches
+from registry.store import SessionRecord
+
+DID = "did:web:agent.test"
+TOKEN = bytes(range(32))
+
+
+def filled() -> Caches:
+    caches = Caches(discover_capacity=10)
+    caches.set_live(True)
+    caches.entries.put(DID, Served(1, "{}"), caches.entries.epoch)
+    session = SessionRecord("did:key:zP", "did:key:zP", "did:key:zP", "did", ("x",), 0)
+    caches.sessions.put(TOKEN, session, caches.sessions.epoch)
+    return caches
+
+
+# The kinds that change what an entry serves: its versions, its attestations, its anchor state.
+SERVED = {k for k in CHANGE_KINDS if k.startswith(("entry.", "attestation."))} | {"anchor.updated"}
+
+
+@pytest.mark.parametrize("kind", sorted(CHANGE_KINDS))
+def test_a_record_drops_the_head_of_its_entry_exactly_when_it_changes_what_it_serves(
+    kind: str,
+) -> None:
+    caches = filled()
+    caches.observe([LogRecord(2, kind, DID, 0, {})])
+    assert (caches.entries.get(DID) is None) == (kind in SERVED)
+    assert caches.sessions.get(TOKEN) is not None
+
+
+def test_a_revoked_session_is_dropped_and_a_malformed_record_is_harmless() -> None:
+    caches = filled()
+    caches.observe([LogRecord(2, "session.revoked", None, 0, {"tokenHash": "zz"})])
+    assert caches.sessions.get(TOKEN) is not None
+    caches.observe([LogRecord(3, "session.revoked", None, 0, {"tokenHash": TOKEN.hex()})])
+    assert caches.sessions.get(TOKEN) is None
+    assert caches.entries.get(DID) is not None
+
+
+def test_a_local_write_drops_its_entry_and_nothing_is_cached_while_not_live() -> None:
+    caches = filled()
+    caches.wrote(DID)
+    assert caches.entries.get(DID) is None
+    caches.set_live(False)
+    caches.entries.put(DID, Served(1, "{}"), caches.entries.epoch)
+    assert caches.entries.get(DID) is None
