@@ -48,7 +48,7 @@ from registry.config import AnchoringConfig
 from registry.errors import Unavailable
 from registry.merkle import MerkleTree
 from registry.ratelimit import Backoff
-from registry.store import OpenBatch, Store
+from registry.store import AnchorStore, OpenBatch
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ class AnchoringHandle:
 
 
 async def run_anchoring(
-    store: Store,
+    store: AnchorStore,
     append: Append,
     chain: Chain,
     config: AnchoringConfig,
@@ -115,7 +115,7 @@ async def run_anchoring(
 class _Supervisor:
     def __init__(
         self,
-        store: Store,
+        store: AnchorStore,
         append: Append,
         chain: Chain,
         config: AnchoringConfig,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import random
+from typing import Protocol
 
 import trio
 
@@ -21,7 +22,7 @@ from registry.coherence import CHANGES_CHECKED_AT_ONCE, Caches
 from registry.errors import Unavailable
 from registry.outage import ConditionLog
 from registry.ratelimit import Backoff
-from registry.store import Store
+from registry.store import EntryStore, HealthStore
 
 log = logging.getLogger(__name__)
 
@@ -31,9 +32,13 @@ BACKOFF = Backoff()
 KEEPER_QUEUE = 100_000
 
 
+class KeeperStore(EntryStore, HealthStore, Protocol):
+    """What the keeper reads: what each change wrote, and whether the database is back."""
+
+
 async def run_cache_keeper(
     logs: LogHandle,
-    store: Store,
+    store: KeeperStore,
     caches: Caches,
     *,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
@@ -92,7 +97,7 @@ async def _track_live(subscription: Subscription, caches: Caches) -> None:
         await subscription.live_changed.wait()
 
 
-async def _apply(subscription: Subscription, store: Store, caches: Caches) -> None:
+async def _apply(subscription: Subscription, store: KeeperStore, caches: Caches) -> None:
     while True:
         batch = [await subscription.receive()]
         # Records already queued are handled together (one database check for the batch).

@@ -61,7 +61,7 @@ from registry.federation import (
     sync_request,
 )
 from registry.keys import SigningKey
-from registry.store import Store
+from registry.store import FederationStore
 from registry.usecases.federation import peer_state
 
 log = logging.getLogger(__name__)
@@ -202,7 +202,7 @@ class FederationHandle:
 
 @dataclass(frozen=True)
 class PeerDeps:
-    store: Store
+    store: FederationStore
     append: Append
     key: SigningKey
     transport: PeerTransport

@@ -10,12 +10,12 @@ import logging
 
 import trio
 
-from registry.store import Store
+from registry.store import HealthStore
 
 log = logging.getLogger(__name__)
 
 
-async def run_janitor(store: Store, *, every_seconds: float = 3600.0) -> None:
+async def run_janitor(store: HealthStore, *, every_seconds: float = 3600.0) -> None:
     while True:
         removed = await store.purge_expired()
         if removed:

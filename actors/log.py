@@ -40,12 +40,16 @@ import trio
 
 from actors.supervisor import database_ready, supervise
 from registry.changes import LogRecord
-from registry.store import LogWakeups, Store
+from registry.store import HealthStore, LogStore, LogWakeups
 
 log = logging.getLogger(__name__)
 
 PAGE = 500  # records per read of the log
 RING = 4096  # recent records kept for subscribers attaching slightly behind
+
+
+class LogActorStore(LogStore, HealthStore, Protocol):
+    """What the log actor reads: the log, and whether the database is back after an outage."""
 
 
 class Lagged(Exception):
@@ -225,7 +229,7 @@ class LogHandle:
 
     def __init__(
         self,
-        store: Store,
+        store: LogStore,
         requests: trio.MemorySendChannel[_Attach | _Wake],
         stats: LogStats,
         queue_size: int,
@@ -287,7 +291,7 @@ class _State:
 
 
 async def run_log(
-    store: Store,
+    store: LogActorStore,
     *,
     queue_size: int = 1024,
     poll_seconds: float = 5.0,
@@ -320,7 +324,7 @@ class _Wake:
 
 
 async def _connected(
-    store: Store,
+    store: LogStore,
     state: _State,
     stats: LogStats,
     inbox: trio.MemoryReceiveChannel[_Attach | _Wake],
@@ -364,7 +368,7 @@ async def _forward_wakeups(
             await trio.sleep(coalesce_seconds)
 
 
-async def _read(store: Store, state: _State, stats: LogStats) -> None:
+async def _read(store: LogStore, state: _State, stats: LogStats) -> None:
     while True:
         records = await store.log_after(state.head, PAGE)
         for record in records:

@@ -24,7 +24,7 @@ import trio
 from registry.errors import RegistryError, Unavailable
 from registry.outage import ConditionLog
 from registry.ratelimit import Backoff
-from registry.store import Store
+from registry.store import HealthStore
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +116,7 @@ async def back_off(delay: float, ready: Callable[[], Awaitable[bool]] | None) ->
             return
 
 
-def database_ready(store: Store, *, writes: bool) -> Callable[[], Awaitable[bool]]:
+def database_ready(store: HealthStore, *, writes: bool) -> Callable[[], Awaitable[bool]]:
     """A `ready` for actors of the database: it answers (and, with `writes`, takes writes)."""
 
     async def ready() -> bool:

@@ -29,7 +29,7 @@ import trio
 from registry.changes import Change, IdemKey, Outcome
 from registry.errors import Invalid, RegistryError, Unavailable
 from registry.outage import ConditionLog
-from registry.store import Store
+from registry.store import LogStore
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ class Writer:
 
 
 async def run_writer(
-    store: Store,
+    store: LogStore,
     *,
     max_batch: int = 64,
     task_status: trio.TaskStatus[Writer] = trio.TASK_STATUS_IGNORED,
@@ -118,7 +118,7 @@ def _answer(item: _Append, result: Outcome | RegistryError) -> None:
         item.reply.send_nowait(result)
 
 
-async def _write_batch(store: Store, batch: list[_Append], stats: WriterStats) -> None:
+async def _write_batch(store: LogStore, batch: list[_Append], stats: WriterStats) -> None:
     try:
         outcomes = await store.append([(item.change, item.idem) for item in batch])
     except Invalid as exc:

@@ -17,12 +17,19 @@ if TYPE_CHECKING:
     from registry.query import RegistryQuery
 
 __all__ = [
+    "AnchorStore",
     "Change",
+    "DiscoveryStore",
     "EntryHead",
+    "EntryStore",
+    "FederationStore",
+    "HealthStore",
     "IdemKey",
     "IntentRow",
+    "LeaderStore",
     "Leadership",
     "LogRecord",
+    "LogStore",
     "OpenBatch",
     "Outcome",
     "PeerRow",
@@ -30,7 +37,9 @@ __all__ = [
     "RecordRow",
     "ReplicaVersion",
     "SessionRecord",
+    "SessionStore",
     "Store",
+    "TrustStore",
 ]
 
 
@@ -149,9 +158,14 @@ class Leadership(Protocol):
         ...
 
 
-class Store(Protocol):
-    """Everything the service needs from persistence (the PostgreSQL adapter and the in-memory
-    fake of the tests both implement all of it)."""
+# --- the ports: one per feature -----------------------------------------------------------
+# Each use-case and actor depends on the narrowest port that has what it calls, so a test fake
+# implements only what its test drives. `Store` is all of them: the PostgreSQL adapter and the
+# in-memory fake implement it whole.
+
+
+class HealthStore(Protocol):
+    """Operations: is the database there, at which schema, does it take writes; housekeeping."""
 
     async def ping(self) -> None: ...
     async def schema_version(self) -> int: ...
@@ -159,9 +173,24 @@ class Store(Protocol):
         """Why the database refuses writes right now (`database_read_only`), or None."""
         ...
 
-    # The one write path (registry.changes): apply changes in order, in one transaction.
-    async def append(self, items: list[tuple[Change, IdemKey | None]]) -> list[Outcome]: ...
+    async def purge_expired(self) -> dict[str, int]: ...
+
+
+class LogStore(Protocol):
+    """The one write path (registry.changes) and the log it appends to."""
+
+    async def append(self, items: list[tuple[Change, IdemKey | None]]) -> list[Outcome]:
+        """Apply changes in order, in one transaction."""
+        ...
+
     async def record_refusal(self, idem: IdemKey, refusal: Refusal) -> Outcome: ...
+    async def log_after(self, after_seq: int, limit: int) -> list[LogRecord]: ...
+    async def log_head(self) -> int: ...
+    def listen_log(self) -> AbstractAsyncContextManager[LogWakeups]: ...
+
+
+class EntryStore(Protocol):
+    """Reads of entries: heads, versions (local and replicated), and what a change wrote."""
 
     async def get_entry_head(self, entry_did: str) -> EntryHead | None: ...
     async def list_versions(
@@ -176,7 +205,38 @@ class Store(Protocol):
         """The earliest live version whose `version` member is `version`: (seq, doc)."""
         ...
 
-    # Trust and ownership records (written by the append path's `apply_records`).
+    async def change_versions(
+        self, changes: list[tuple[int, str]], texts: list[str]
+    ) -> dict[int, list[tuple[str, list[str]]]]:
+        """For each entry change (seq, did): the versions it replaced and wrote, each with the
+        full-text `texts` it matches (what the caches need to know which pages it moves)."""
+        ...
+
+    async def replica_head(self, entry_did: str) -> ReplicaVersion | None:
+        """The newest replica version of `entry_did` (of the origin synced last)."""
+        ...
+
+    async def replica_versions(
+        self, entry_did: str, origin_did: str, before_seq: int | None, limit: int
+    ) -> tuple[list[str], int]:
+        """Live (not tombstone) replica versions of one origin, newest first, and their count."""
+        ...
+
+    async def replica_version(self, entry_did: str, origin_did: str, seq: int) -> str | None: ...
+
+
+class DiscoveryStore(Protocol):
+    async def discover(
+        self, query: RegistryQuery, *, limit: int, after: list[Any] | None
+    ) -> tuple[list[tuple[str, list[Any]]], int]:
+        """Up to `limit` + 1 matches of `query` after the keyset position `after` (each served
+        document with its sort values), and the count of all matches (capped)."""
+        ...
+
+
+class TrustStore(Protocol):
+    """Trust and ownership records (written by the append path's `apply_records`)."""
+
     async def get_record(self, kind: str, record_id: str) -> RecordRow | None: ...
     async def list_records(
         self,
@@ -191,16 +251,9 @@ class Store(Protocol):
         after the record created at `after_seq`."""
         ...
 
-    async def discover(
-        self, query: RegistryQuery, *, limit: int, after: list[Any] | None
-    ) -> tuple[list[tuple[str, list[Any]]], int]:
-        """Up to `limit` + 1 matches of `query` after the keyset position `after` (each served
-        document with its sort values), and the count of all matches (capped)."""
-        ...
 
-    async def change_versions(
-        self, changes: list[tuple[int, str]], texts: list[str]
-    ) -> dict[int, list[tuple[str, list[str]]]]: ...
+class SessionStore(Protocol):
+    """Sign-in: challenges and sessions."""
 
     async def put_challenge(
         self, nonce: str, challenge: dict[str, Any], expires_ms: int
@@ -208,9 +261,17 @@ class Store(Protocol):
     async def get_challenge(self, nonce: str) -> dict[str, Any] | None: ...
     async def open_session(self, nonce: str, token_hash: bytes, session: SessionRecord) -> bool: ...
     async def get_session(self, token_hash: bytes) -> SessionRecord | None: ...
-    async def purge_expired(self) -> dict[str, int]: ...
 
-    # Anchoring (migration 0010): reads, the batch bookkeeping, and the supervisor's election.
+
+class LeaderStore(Protocol):
+    def leadership(self, name: str) -> AbstractAsyncContextManager[Leadership]:
+        """Hold the named leadership (one holder per database) while inside; waits for it."""
+        ...
+
+
+class AnchorStore(LeaderStore, Protocol):
+    """Anchoring (migration 0010): reads, the batch bookkeeping, and the leader's election."""
+
     async def anchor_intents_of(
         self, entry_did: str, *, after: tuple[int, int, str] | None, limit: int
     ) -> list[IntentRow]:
@@ -227,11 +288,11 @@ class Store(Protocol):
     async def record_anchor_submission(
         self, batch_id: int, root: str, transaction_id: str
     ) -> None: ...
-    def leadership(self, name: str) -> AbstractAsyncContextManager[Leadership]:
-        """Hold the named leadership (one holder per database) while inside; waits for it."""
-        ...
 
-    # Federation (migration 0011): what sync serves, nonces, peers' state, replicas.
+
+class FederationStore(LeaderStore, Protocol):
+    """Federation (migration 0011): what sync serves, nonces, peers' state."""
+
     async def sync_page(
         self, after_seq: int, limit: int, max_bytes: int
     ) -> tuple[list[tuple[int, str]], int, bool]:
@@ -246,18 +307,18 @@ class Store(Protocol):
 
     async def get_peer(self, peer_did: str) -> PeerRow | None: ...
     async def list_peers(self) -> list[PeerRow]: ...
-    async def replica_head(self, entry_did: str) -> ReplicaVersion | None:
-        """The newest replica version of `entry_did` (of the origin synced last)."""
-        ...
 
-    async def replica_versions(
-        self, entry_did: str, origin_did: str, before_seq: int | None, limit: int
-    ) -> tuple[list[str], int]:
-        """Live (not tombstone) replica versions of one origin, newest first, and their count."""
-        ...
 
-    async def replica_version(self, entry_did: str, origin_did: str, seq: int) -> str | None: ...
-
-    async def log_after(self, after_seq: int, limit: int) -> list[LogRecord]: ...
-    async def log_head(self) -> int: ...
-    def listen_log(self) -> AbstractAsyncContextManager[LogWakeups]: ...
+class Store(
+    HealthStore,
+    LogStore,
+    EntryStore,
+    DiscoveryStore,
+    TrustStore,
+    SessionStore,
+    AnchorStore,
+    FederationStore,
+    Protocol,
+):
+    """Everything the service needs from persistence: every port (the PostgreSQL adapter and
+    the in-memory fake of the tests both implement all of it)."""

@@ -24,7 +24,7 @@ from registry.config import Config
 from registry.cursors import SealedCursors
 from registry.errors import Invalid, NotFound
 from registry.merkle import MerkleTree
-from registry.store import IntentRow, Receipt, Store
+from registry.store import AnchorStore, IntentRow, Receipt
 from registry.usecases.common import Principal, page_size
 from registry.usecases.entries import Entries
 
@@ -44,7 +44,7 @@ class Anchors:
     def __init__(
         self,
         *,
-        store: Store,
+        store: AnchorStore,
         changes: ChangeLog,
         entries: Entries,
         config: Config,

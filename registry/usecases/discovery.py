@@ -12,14 +12,14 @@ from registry.canonical import canonicalize
 from registry.config import Config
 from registry.discovery import CursorCodec
 from registry.query import RegistryQuery
-from registry.store import Store
+from registry.store import DiscoveryStore
 from registry.store.discover import COUNT_CAP
 from registry.usecases.common import page_size
 
 
 class Discovery:
     def __init__(
-        self, *, store: Store, config: Config, cursors: CursorCodec, results: ResultCache
+        self, *, store: DiscoveryStore, config: Config, cursors: CursorCodec, results: ResultCache
     ) -> None:
         self.store = store
         self.config = config

@@ -23,7 +23,7 @@ from registry.coherence import Caches
 from registry.config import Config
 from registry.entries import publisher_payload
 from registry.errors import Conflict, Forbidden, Invalid, NotFound
-from registry.store import EntryHead, ReplicaVersion, Store
+from registry.store import EntryHead, EntryStore, ReplicaVersion
 from registry.usecases.common import Principal, now_ms, page_size, parse_sequence, rfc3339
 
 log = logging.getLogger(__name__)
@@ -72,7 +72,7 @@ class Entries:
     def __init__(
         self,
         *,
-        store: Store,
+        store: EntryStore,
         changes: ChangeLog,
         config: Config,
         caches: Caches,

@@ -57,7 +57,7 @@ from registry.federation import (
 from registry.keys import SigningKey
 from registry.models import MAX_SAFE_INTEGER
 from registry.query import MAX_OFFSET, OrderKey, effective_order
-from registry.store import PeerRow, Store
+from registry.store import FederationStore, PeerRow, TrustStore
 from registry.usecases.common import Principal, now_ms, page_size
 from registry.usecases.records import body_object, put
 
@@ -86,11 +86,15 @@ def peer_state(row: PeerRow | None, peer_did: str, policy: BreakerPolicy) -> Pee
     )
 
 
+class FederationUseStore(FederationStore, TrustStore, Protocol):
+    """What federation reads: sync pages, nonces, peers' state, and the peer records."""
+
+
 class Federation:
     def __init__(
         self,
         *,
-        store: Store,
+        store: FederationUseStore,
         changes: ChangeLog,
         config: Config,
         key: SigningKey,

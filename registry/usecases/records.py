@@ -18,7 +18,7 @@ from registry.config import Config
 from registry.did import is_did
 from registry.errors import Invalid, RegistryError
 from registry.models import parse_datetime
-from registry.store import RecordRow, Store
+from registry.store import RecordRow, TrustStore
 from registry.usecases.common import now_ms
 from registry.usecases.entries import Entries
 
@@ -35,7 +35,7 @@ class RecordUseCase:
     def __init__(
         self,
         *,
-        store: Store,
+        store: TrustStore,
         changes: ChangeLog,
         entries: Entries,
         config: Config,

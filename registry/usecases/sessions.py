@@ -20,7 +20,7 @@ from registry.signin import (
     new_session_token,
     signer_public_key_text,
 )
-from registry.store import SessionRecord, Store
+from registry.store import SessionRecord, SessionStore
 from registry.usecases.common import Principal, now_ms
 
 
@@ -28,7 +28,7 @@ class Sessions:
     def __init__(
         self,
         *,
-        store: Store,
+        store: SessionStore,
         changes: ChangeLog,
         config: Config,
         key: SigningKey,

@@ -18,7 +18,7 @@ from registry.canonical import canonicalize, sha256_hex
 from registry.changes import Also, Change, ChangeLog, Decided, IdemKey, Outcome
 from registry.config import Config
 from registry.errors import Conflict, Forbidden, Invalid, NotFound
-from registry.store import RecordRow, Store
+from registry.store import RecordRow, TrustStore
 from registry.usecases.common import Principal, now_ms, page_size, parse_sequence, rfc3339
 from registry.usecases.entries import Entries
 from registry.usecases.records import (
@@ -45,7 +45,7 @@ def _cursor(cursor: str | None) -> int | None:
 
 
 async def _page(
-    store: Store,
+    store: TrustStore,
     kind: str,
     config: Config,
     *,
@@ -230,7 +230,7 @@ class Bonds(RecordUseCase):
         *,
         registry_did: str,
         shares: trust.Shares | None = None,
-        store: Store,
+        store: TrustStore,
         changes: ChangeLog,
         entries: Entries,
         config: Config,
@@ -439,7 +439,7 @@ class Reports(RecordUseCase):
         self,
         *,
         bonds: Bonds,  # a resolved report may slash the entry's bond
-        store: Store,
+        store: TrustStore,
         changes: ChangeLog,
         entries: Entries,
         config: Config,
