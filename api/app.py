@@ -13,6 +13,19 @@ from api.http import Deps, fresh_request_id, new_request_id
 from registry.errors import Invalid, MethodNotAllowed, NotFound, RegistryError, TooLarge
 
 
+def _register_routes(app: QuartTrio) -> None:
+    for module in (entries, auth, discover, ops, trust, transfers, anchors, federation):
+        module.register(app)
+
+
+def route_table() -> QuartTrio:
+    """An app with every HTTP route and nothing to serve them with: what the OpenAPI document
+    is generated from, without a service (`api.openapi.openapi_document(route_table())`)."""
+    app = QuartTrio("registry")
+    _register_routes(app)
+    return app
+
+
 def create_app(dependencies: Deps) -> QuartTrio:
     app = QuartTrio("registry")
     limits = dependencies.config.limits
@@ -24,14 +37,7 @@ def create_app(dependencies: Deps) -> QuartTrio:
     )
     app.config["PROVIDE_AUTOMATIC_OPTIONS"] = False
     app.deps = dependencies  # type: ignore[attr-defined]
-    entries.register(app)
-    auth.register(app)
-    discover.register(app)
-    ops.register(app)
-    trust.register(app)
-    transfers.register(app)
-    anchors.register(app)
-    federation.register(app)
+    _register_routes(app)
 
     @app.errorhandler(HTTPException)
     async def http_error(exc: HTTPException) -> Response:

@@ -6,6 +6,7 @@ from quart import Response
 from quart_trio import QuartTrio
 
 from api.http import Ctx, deps, endpoint, json_response
+from api.openapi import documented, ok
 from registry.discovery import RegistryQLRequest, parse_discover_request
 from registry.errors import Invalid
 from registry.models import validate_model
@@ -16,11 +17,28 @@ from registry.registryql import parse_registryql
 def register(app: QuartTrio) -> None:
     @app.post("/v1/discover")
     @endpoint("query", body_limit="query_body_bytes")
+    @documented(
+        "Discover entries by a structured request ({} lists everything)",
+        ok={"200": ok("QueryResult", **{"X-Cache": "hit or miss"})},
+        errors={
+            "400": "a cursor this server did not issue for this query; more than 256 filter nodes",
+        },
+        body="DiscoverRequest",
+    )
     async def discover(ctx: Ctx) -> Response:
         return await _answer(parse_discover_request(ctx.json()))
 
     @app.post("/v1/discover/registryql")
     @endpoint("query", body_limit="query_body_bytes")
+    @documented(
+        "Discover entries by a RegistryQL expression",
+        ok={"200": ok("QueryResult", **{"X-Cache": "hit or miss"})},
+        errors={
+            "400": "the expression breaks the grammar (details: line, column,"
+            " expected); a cursor this server did not issue for this query",
+        },
+        body="RegistryQLRequest",
+    )
     async def discover_registryql(ctx: Ctx) -> Response:
         data = ctx.json()
         if not isinstance(data, dict):

@@ -12,6 +12,7 @@ from quart_trio import QuartTrio
 
 from api.http import Ctx, deps, dumps, endpoint, json_response
 from api.idempotency import idem_key, respond
+from api.openapi import LIMIT, SEQUENCE_CURSOR, STR, documented, ok
 from registry.caches import Served
 from registry.changes import Outcome
 from registry.errors import Invalid, NotFound
@@ -55,6 +56,17 @@ def int_param(name: str) -> int | None:
 def register(app: QuartTrio) -> None:
     @app.post("/v1/entries")
     @endpoint("write", auth="required", body_limit="entry_body_bytes")
+    @documented(
+        "Publish a new signed entry",
+        ok={"201": ok("ServedEntry", "Created", Location="the entry", ETag="its version")},
+        errors={
+            "400": "invalid entry: the schema, itemDataHash or the signature",
+            "403": "entries.write capability missing, or publisherDid is not the session",
+            "409": "the entry exists",
+        },
+        body="NewRegistryEntry",
+        idempotent=True,
+    )
     async def create_entry(ctx: Ctx) -> Response:
         assert ctx.principal is not None
         idem = idem_key(ctx, "create_entry")
@@ -66,6 +78,19 @@ def register(app: QuartTrio) -> None:
 
     @app.put("/v1/entries/<did>")
     @endpoint("write", auth="required", body_limit="entry_body_bytes")
+    @documented(
+        "Publish a new version of an entry",
+        ok={"200": ok("ServedEntry", ETag="the new version")},
+        errors={
+            "400": "invalid entry: the schema, itemDataHash, the signature, or entryDid"
+            " is not the DID in the path",
+            "403": "entries.write capability missing, or not the entry's publisher",
+            "404": "entry not found",
+            "409": "sequence is not the latest; the lifecycle cannot move so",
+        },
+        body="UpdatedRegistryEntry",
+        idempotent=True,
+    )
     async def update_entry(ctx: Ctx, did: str) -> Response:
         assert ctx.principal is not None
         idem = idem_key(ctx, "update_entry")
@@ -75,6 +100,15 @@ def register(app: QuartTrio) -> None:
 
     @app.delete("/v1/entries/<did>")
     @endpoint("write", auth="required")
+    @documented(
+        "Delete an entry (writes a tombstone version)",
+        ok={"200": ok("Tombstone")},
+        errors={
+            "403": "not the entry's publisher (nor admin), or entries.write missing",
+            "404": "entry not found",
+        },
+        idempotent=True,
+    )
     async def delete_entry(ctx: Ctx, did: str) -> Response:
         assert ctx.principal is not None
         idem = idem_key(ctx, "delete_entry")
@@ -82,6 +116,15 @@ def register(app: QuartTrio) -> None:
 
     @app.get("/v1/entries/<did>")
     @endpoint("read")
+    @documented(
+        "The latest version of an entry",
+        ok={
+            "200": ok("ServedEntry", ETag="the version (and attestations)"),
+            "304": {"description": "Not modified (If-None-Match)"},
+        },
+        errors={"404": "entry not found (or deleted)"},
+        params=[{"name": "If-None-Match", "in": "header", "schema": STR}],
+    )
     async def get_entry(ctx: Ctx, did: str) -> Response:
         entries = deps().entries
         served = await entries.read(did)
@@ -99,6 +142,11 @@ def register(app: QuartTrio) -> None:
 
     @app.get("/v1/entries/<did>/lineage")
     @endpoint("read")
+    @documented(
+        "The entry's lineage reference",
+        ok={"200": ok("LineageResponse")},
+        errors={"404": "entry not found"},
+    )
     async def get_entry_lineage(ctx: Ctx, did: str) -> Response:
         served = await deps().entries.read(did)
         lineage = json.loads(served.doc).get("lineageReference")
@@ -107,6 +155,12 @@ def register(app: QuartTrio) -> None:
 
     @app.get("/v1/entries/<did>/versions")
     @endpoint("read")
+    @documented(
+        "Versions of an entry, newest first",
+        ok={"200": ok("VersionsResponse")},
+        errors={"400": "bad limit or cursor", "404": "entry not found"},
+        params=[LIMIT, SEQUENCE_CURSOR],
+    )
     async def list_entry_versions(ctx: Ctx, did: str) -> Response:
         docs, cursor, has_more, total, origin = await deps().entries.read_versions(
             did, limit=int_param("limit"), cursor=request.args.get("cursor")
@@ -120,6 +174,14 @@ def register(app: QuartTrio) -> None:
 
     @app.get("/v1/entries/<did>/versions/<sequence>")
     @endpoint("read")
+    @documented(
+        "One version of an entry",
+        ok={"200": ok("ServedEntry")},
+        errors={
+            "400": "sequence is not a positive integer",
+            "404": "entry or version not found",
+        },
+    )
     async def get_entry_version(ctx: Ctx, did: str, sequence: str) -> Response:
         number = parse_sequence(sequence)
         if number is None:

@@ -9,6 +9,7 @@ from quart_trio import QuartTrio
 
 from api.http import Ctx, deps, dumps, endpoint, json_response
 from api.idempotency import idem_key, respond
+from api.openapi import documented, ok
 from registry.errors import Invalid, Unauthorized
 
 
@@ -28,27 +29,70 @@ def _envelope(ctx: Ctx) -> Any:
 def register(app: QuartTrio) -> None:
     @app.post("/v1/federation/sync")
     @endpoint("write", body_limit="federation_body_bytes")
+    @documented(
+        "Pull local entry versions after fromSequence (a peer, by signed envelope)",
+        ok={"200": ok("Envelope", "A signed sync_response")},
+        errors={
+            "400": "the payload is not {fromSequence, maxEntries, agreementId?}",
+            "401": "envelope missing or malformed; signature, timestamp, nonce or"
+            " controller invalid; wrong recipient; nonce replayed",
+            "403": "unknown peer; peer may not sync; agreement not active",
+        },
+        body="Envelope",
+    )
     async def federation_sync(ctx: Ctx) -> Response:
         return json_response(await deps().federation.sync(_envelope(ctx)))
 
     @app.post("/v1/federation/discover")
     @endpoint("query", body_limit="query_body_bytes")
+    @documented(
+        "A peer's federated query (signed discover_request; local entries only)",
+        ok={"200": ok("Envelope", "A signed discover_response")},
+        errors={
+            "400": "the payload is not {query: DiscoverRequest, agreementId?}",
+            "401": "envelope missing or malformed; signature, timestamp, nonce or"
+            " controller invalid; wrong recipient; nonce replayed",
+            "403": "unknown peer; peer may not discover; agreement not active",
+        },
+        body="Envelope",
+    )
     async def federation_discover(ctx: Ctx) -> Response:
         return json_response(await deps().federation.discover_for_peer(_envelope(ctx)))
 
     @app.post("/v1/discover/federated")
     @endpoint("query", auth="required", body_limit="query_body_bytes")
+    @documented(
+        "Discover here and at every reachable peer, merged (design \u00a79)",
+        ok={"200": ok("FederatedResult")},
+        errors={
+            "400": "invalid query; entryType missing; offset used; a cursor this"
+            " server did not issue for this query",
+            "403": "the session lacks discover.federated",
+        },
+        body="FederatedQuery",
+    )
     async def discover_federated(ctx: Ctx) -> Response:
         assert ctx.principal is not None
         return json_response(await deps().federation.discover_federated(ctx.principal, ctx.json()))
 
     @app.get("/v1/federation/peers")
     @endpoint("read")
+    @documented(
+        "The configured federation peers",
+        ok={"200": ok("FederationPeers")},
+    )
     async def list_federation_peers(ctx: Ctx) -> Response:
         return json_response(dumps(await deps().federation.list_peers()))
 
     @app.put("/v1/federation/peers/self")
     @endpoint("write", auth="required", body_limit="small_body_bytes")
+    @documented(
+        "A peer registers its endpoint (session of a configured peer)",
+        ok={"200": ok("FederationPeer")},
+        errors={"400": "endpoint is not an http(s) URL", "403": "not a federation peer"},
+        body="PeerUpdate",
+        idempotent=True,
+    )
     async def update_federation_peer(ctx: Ctx) -> Response:
         assert ctx.principal is not None
         idem = idem_key(ctx, "update_federation_peer")
@@ -57,6 +101,11 @@ def register(app: QuartTrio) -> None:
 
     @app.get("/v1/admin/federation/peers")
     @endpoint("read", auth="required")
+    @documented(
+        "Each peer's sync status: breaker, cursor, lag, latency, quarantines (admin)",
+        ok={"200": ok("FederationPeerStatuses")},
+        errors={"403": "not admin"},
+    )
     async def federation_peer_status(ctx: Ctx) -> Response:
         assert ctx.principal is not None
         return json_response(dumps(await deps().federation.statuses(ctx.principal)))

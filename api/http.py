@@ -183,6 +183,15 @@ def rate_headers(decision: Decision, headers: Any) -> None:
     headers["RateLimit-Reset"] = str(math.ceil(decision.reset_after))
 
 
+@dataclass(frozen=True)
+class Admission:
+    """What `endpoint` checks before a handler runs (the OpenAPI document reads it)."""
+
+    klass: str  # the rate-limit class
+    auth: str  # "none" | "optional" | "required"
+    body_limit: str | None  # the LimitsConfig field that bounds the body; None: no body
+
+
 def endpoint(
     klass: str,
     *,
@@ -264,6 +273,7 @@ def endpoint(
                 response.headers[name] = value
             return response
 
+        route.__admission__ = Admission(klass, auth, body_limit)  # type: ignore[attr-defined]
         return route
 
     return wrap

@@ -18,14 +18,18 @@
 from __future__ import annotations
 
 import copy
-import functools
-from typing import Any
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from pydantic import BaseModel
+from quart import Quart
 
+from api.http import Admission
 from registry import trust
 from registry.anchoring import STATES as INTENT_STATES
-from registry.did import _B58 as BASE58_ALPHABET
+from registry.did import B58_ALPHABET as BASE58_ALPHABET
 from registry.did import ED25519_MULTICODEC, b58encode
 from registry.discovery import DiscoverRequest, RegistryQLRequest
 from registry.envelope import MEMBERS as ENVELOPE_MEMBERS
@@ -152,7 +156,7 @@ JSON_VALUE: dict[str, Any] = {
     ],
 }
 
-_STR: dict[str, Any] = {"type": "string"}
+STR: dict[str, Any] = {"type": "string"}
 _INT: dict[str, Any] = {"type": "integer"}
 _TIME: dict[str, Any] = {"type": "string", "format": "date-time"}
 _DID: dict[str, Any] = DID_SCHEMA
@@ -171,8 +175,8 @@ _SIGNATURE: dict[str, Any] = {
     "required": ["algorithm", "keyId", "value"],
     "properties": {
         "algorithm": {"const": "Ed25519"},
-        "keyId": _STR,
-        "value": _STR,
+        "keyId": STR,
+        "value": STR,
         "created": _TIME,
     },
 }
@@ -258,7 +262,7 @@ def _entry_variants(entry: dict[str, Any]) -> dict[str, Any]:
 _HAND_SCHEMAS: dict[str, Any] = {
     "VersionsResponse": _obj(
         ["entryDid", "versions", "hasMore", "totalCount"],
-        entryDid=_STR,
+        entryDid=STR,
         versions={"type": "array", "items": _ref("ServedEntry")},
         cursor={"type": "string", "pattern": SEQUENCE_TEXT_PATTERN},
         hasMore={"type": "boolean"},
@@ -272,10 +276,10 @@ _HAND_SCHEMAS: dict[str, Any] = {
         totalCount={"type": "integer", "description": "exact up to 1000"},
         totalCountExact={"const": False, "description": "present when totalCount is capped"},
     ),
-    "LineageResponse": _obj(["entryDid", "lineage"], entryDid=_STR, lineage=_ref("JsonValue")),
+    "LineageResponse": _obj(["entryDid", "lineage"], entryDid=STR, lineage=_ref("JsonValue")),
     "Tombstone": _obj(
         ["entryDid", "lifecycleStatus", "sequence", "deletedAt"],
-        entryDid=_STR,
+        entryDid=STR,
         lifecycleStatus={"const": "deleted"},
         sequence=_INT,
         deletedAt=_TIME,
@@ -292,38 +296,38 @@ _HAND_SCHEMAS: dict[str, Any] = {
             "signerPublicKey",
         ],
         expiresAtMs=_INT,
-        hmrDid=_STR,
-        rootDid=_STR,
-        rootKind=_STR,
+        hmrDid=STR,
+        rootDid=STR,
+        rootKind=STR,
         sessionExpiresAtMs=_INT,
-        sessionToken=_STR,
-        signerPublicKey=_STR,
-        signerDid=_STR,
-        capabilities={"type": "array", "items": _STR},
+        sessionToken=STR,
+        signerPublicKey=STR,
+        signerDid=STR,
+        capabilities={"type": "array", "items": STR},
     ),
     "Session": _obj(
         ["expiresAtMs", "hmrDid", "rootDid", "rootKind"],
         expiresAtMs=_INT,
-        hmrDid=_STR,
-        rootDid=_STR,
-        rootKind=_STR,
-        signerDid=_STR,
-        capabilities={"type": "array", "items": _STR},
+        hmrDid=STR,
+        rootDid=STR,
+        rootKind=STR,
+        signerDid=STR,
+        capabilities={"type": "array", "items": STR},
     ),
     "LoggedOut": _obj(["loggedOut"], loggedOut={"const": True}),
     "Health": _obj(
         ["status", "checks"],
         status={"enum": ["ok", "degraded", "failing"]},
-        checks={"type": "object", "additionalProperties": _STR},
-        registryDid=_STR,
+        checks={"type": "object", "additionalProperties": STR},
+        registryDid=STR,
     ),
     "DeepHealth": _obj(
         ["status", "checks", "logHead"],
         status={"enum": ["ok", "degraded", "failing"]},
-        checks={"type": "object", "additionalProperties": _STR},
+        checks={"type": "object", "additionalProperties": STR},
         logHead=_INT,
     ),
-    "OpenApiDocument": _obj(["openapi", "info", "paths"], openapi=_STR),
+    "OpenApiDocument": _obj(["openapi", "info", "paths"], openapi=STR),
 }
 
 _TRUST_SCHEMAS: dict[str, Any] = {
@@ -346,8 +350,8 @@ _TRUST_SCHEMAS: dict[str, Any] = {
                         "type": {"const": "DataIntegrityProof"},
                         "cryptosuite": {"const": "eddsa-jcs-2022"},
                         "proofPurpose": {"const": "assertionMethod"},
-                        "verificationMethod": _STR,
-                        "proofValue": _STR,
+                        "verificationMethod": STR,
+                        "proofValue": STR,
                     },
                     "additionalProperties": _ref("JsonValue"),
                 }
@@ -360,10 +364,10 @@ _TRUST_SCHEMAS: dict[str, Any] = {
     "Attestation": _obj(
         ["acceptedAt", "attestationId", "credential", "entryDid", "issuerDid"],
         acceptedAt=_TIME,
-        attestationId=_STR,
+        attestationId=STR,
         credential={"type": "object"},
-        entryDid=_STR,
-        issuerDid=_STR,
+        entryDid=STR,
+        issuerDid=STR,
         issuedAt=_TIME,
         expiresAt=_TIME,
         revokedAt=_TIME,
@@ -371,17 +375,17 @@ _TRUST_SCHEMAS: dict[str, Any] = {
     "ReportRequest": _body(["entryDid", "reason"], entryDid=_DID, reason=TEXT_SCHEMA),
     "ReportCreated": _obj(
         ["entryDid", "reportId", "status"],
-        entryDid=_STR,
-        reportId=_STR,
+        entryDid=STR,
+        reportId=STR,
         status={"const": "reported"},
     ),
     "Report": _obj(
         ["createdAt", "entryDid", "reason", "reportId", "reporterDid", "status"],
         createdAt=_TIME,
-        entryDid=_STR,
-        reason=_STR,
-        reportId=_STR,
-        reporterDid=_STR,
+        entryDid=STR,
+        reason=STR,
+        reportId=STR,
+        reporterDid=STR,
         status={"enum": ["reported", "dismissed", "upheld"]},
         resolvedAt=_TIME,
         resolution={"type": "object"},
@@ -394,7 +398,7 @@ _TRUST_SCHEMAS: dict[str, Any] = {
             slash={
                 "anyOf": [
                     {
-                        **_body(["bondId", "amount"], bondId=_STR, amount=_POSITIVE_AMOUNT),
+                        **_body(["bondId", "amount"], bondId=STR, amount=_POSITIVE_AMOUNT),
                         "description": "checked once the report is found",
                     },
                     {"type": "null"},
@@ -431,12 +435,12 @@ _TRUST_SCHEMAS: dict[str, Any] = {
             "status",
         ],
         amount=_AMOUNT,
-        bondId=_STR,
+        bondId=STR,
         createdAt=_TIME,
-        currency=_STR,
-        entryDid=_STR,
-        publisherDid=_STR,
-        registryDid=_STR,
+        currency=STR,
+        entryDid=STR,
+        publisherDid=STR,
+        registryDid=STR,
         remainingAmount=_AMOUNT,
         status={"enum": ["active", "slashed", "exhausted", "released"]},
         releasedAt=_TIME,
@@ -445,8 +449,8 @@ _TRUST_SCHEMAS: dict[str, Any] = {
             "items": _obj(
                 ["amount", "distribution", "reason", "reporterDid", "timestamp"],
                 amount=_AMOUNT,
-                reason=_STR,
-                reporterDid=_STR,
+                reason=STR,
+                reporterDid=STR,
                 timestamp=_TIME,
                 distribution=_obj(
                     ["harmedPartiesShare", "reporterShare", "treasuryShare"],
@@ -490,8 +494,8 @@ _TRUST_SCHEMAS: dict[str, Any] = {
             "description": "the owner's Ed25519 signature over JCS of the offer (400 otherwise)",
             "properties": {
                 "algorithm": {"const": "Ed25519"},
-                "keyId": _STR,
-                "value": _STR,
+                "keyId": STR,
+                "value": STR,
                 "created": _ref("JsonValue"),
             },
             "propertyNames": {"pattern": NO_NUL_PATTERN},
@@ -511,20 +515,20 @@ _TRUST_SCHEMAS: dict[str, Any] = {
             "status",
         ],
         createdAt=_TIME,
-        entryDid=_STR,
+        entryDid=STR,
         entrySequence=_INT,
         expiresAt=_TIME,
-        offerId=_STR,
-        ownerDid=_STR,
+        offerId=STR,
+        ownerDid=STR,
         ownerSignature=_SIGNATURE,
-        recipientDid=_STR,
+        recipientDid=STR,
         status={"enum": ["offered", "accepted", "declined", "cancelled", "expired"]},
         decidedAt=_TIME,
-        declineReason=_STR,
+        declineReason=STR,
     ),
     "AcceptRequest": _body(["entry"], entry=_ref("TransferredEntry")),
     "DeclineRequest": _body([], reason=TEXT_SCHEMA),
-    "AttestationPage": _page_of("attestations", "Attestation", entryDid=_STR),
+    "AttestationPage": _page_of("attestations", "Attestation", entryDid=STR),
     "MerkleProof": _obj(
         ["root", "path", "leafHash"],
         root={"type": "string", "pattern": "^[0-9a-f]{64}$"},
@@ -540,10 +544,10 @@ _TRUST_SCHEMAS: dict[str, Any] = {
     ),
     "AnchorRecord": _obj(
         ["entryDid", "itemDataHash", "blockHeight", "txHash", "anchorTime"],
-        entryDid=_STR,
-        itemDataHash=_STR,
+        entryDid=STR,
+        itemDataHash=STR,
         blockHeight={"type": "integer", "minimum": 0},
-        txHash=_STR,
+        txHash=STR,
         anchorTime=_TIME,
         proof={"oneOf": [_ref("MerkleProof"), {"type": "null"}]},
     ),
@@ -560,8 +564,8 @@ _TRUST_SCHEMAS: dict[str, Any] = {
             "updatedAt",
             "receipts",
         ],
-        intentId=_STR,
-        entryDid=_STR,
+        intentId=STR,
+        entryDid=STR,
         sequence=_INT,
         operation={"enum": ["create", "update", "transfer", "delete"]},
         state={"enum": list(INTENT_STATES)},
@@ -569,7 +573,7 @@ _TRUST_SCHEMAS: dict[str, Any] = {
         availableAt=_TIME,
         createdAt=_TIME,
         updatedAt=_TIME,
-        transactionId=_STR,
+        transactionId=STR,
         receipts={
             "type": "array",
             "items": _obj(
@@ -577,7 +581,7 @@ _TRUST_SCHEMAS: dict[str, Any] = {
                 blockHeight={"type": ["integer", "null"]},
                 observedAt=_TIME,
                 proof={"oneOf": [_ref("MerkleProof"), {"type": "null"}]},
-                receiptKey=_STR,
+                receiptKey=STR,
                 state={"enum": ["submitted", "confirmed", "dropped"]},
                 transactionId={"type": ["string", "null"]},
                 anchorTime=_TIME,
@@ -588,22 +592,22 @@ _TRUST_SCHEMAS: dict[str, Any] = {
     "AnchorList": _obj(
         ["anchorState", "entryDid", "hasMore", "records"],
         anchorState={"enum": ["unanchored", "pending", "anchored", "failed", "abandoned"]},
-        entryDid=_STR,
+        entryDid=STR,
         hasMore={"type": "boolean"},
         cursor={"type": "string", "minLength": 1, "maxLength": 2048, "pattern": "^[A-Za-z0-9_-]+$"},
         records={"type": "array", "items": _ref("AnchorIntent")},
     ),
     "AnchorControl": _obj(
-        ["intentId", "state"], intentId=_STR, state={"enum": ["pending", "abandoned"]}
+        ["intentId", "state"], intentId=STR, state={"enum": ["pending", "abandoned"]}
     ),
     "ReportPage": _page_of("reports", "Report"),
     # Federation (spec 2.8, 2.9).
     "FederationPeer": _obj(
         ["peerDid", "endpoint", "agreementIds"],
-        peerDid=_STR,
-        endpoint=_STR,
-        grpcEndpoint=_STR,
-        agreementIds={"type": "array", "items": _STR},
+        peerDid=STR,
+        endpoint=STR,
+        grpcEndpoint=STR,
+        agreementIds={"type": "array", "items": STR},
         lastSeen=_TIME,
     ),
     "FederationPeers": {"type": "array", "items": _ref("FederationPeer")},
@@ -632,17 +636,17 @@ _TRUST_SCHEMAS: dict[str, Any] = {
                 "type": "array",
                 "items": _obj(
                     ["peerDid", "status"],
-                    peerDid=_STR,
+                    peerDid=STR,
                     status={"enum": ["ok", "failed", "skipped"]},
-                    reason=_STR,
+                    reason=STR,
                 ),
             },
-            origins={"type": "array", "items": _STR},
+            origins={"type": "array", "items": STR},
         ),
     ),
     "FederationPeerStatus": _obj(
         ["peerDid", "breakerState", "consecutiveFailures", "cursor", "lag", "quarantines"],
-        peerDid=_STR,
+        peerDid=STR,
         breakerState={"enum": ["closed", "open", "half_open"]},
         consecutiveFailures=_INT,
         cursor=_INT,
@@ -663,14 +667,14 @@ _TRUST_SCHEMAS: dict[str, Any] = {
         version={"const": "1"},
         kind={"enum": ["sync_request", "sync_response", "discover_request", "discover_response"]},
         algorithm={"const": "Ed25519"},
-        keyId=_STR,
-        senderDid=_STR,
-        recipientDid=_STR,
+        keyId=STR,
+        senderDid=STR,
+        recipientDid=STR,
         timestamp=_TIME,
-        nonce=_STR,
-        requestDigest=_STR,
+        nonce=STR,
+        requestDigest=STR,
         payload={"type": "object"},
-        signature=_STR,
+        signature=STR,
     ),
 }
 
@@ -774,7 +778,8 @@ def _error(description: str) -> dict[str, Any]:
     }
 
 
-def _ok(name: str, description: str = "OK", **headers: str) -> dict[str, Any]:
+def ok(name: str, description: str = "OK", **headers: str) -> dict[str, Any]:
+    """A success response whose JSON body is the schema `name`, with `headers` described."""
     response: dict[str, Any] = {
         "description": description,
         "content": {"application/json": {"schema": _ref(name)}},
@@ -810,63 +815,107 @@ SEQUENCE_CURSOR = {
 }
 
 
+PAGE = [LIMIT, SEQUENCE_CURSOR]
+
+
 def _path(name: str, description: str = "") -> dict[str, Any]:
-    param: dict[str, Any] = {"name": name, "in": "path", "required": True, "schema": _STR}
+    param: dict[str, Any] = {"name": name, "in": "path", "required": True, "schema": STR}
     if description:
         param["description"] = description
     return param
 
 
-DID_PATH = _path("did", "an entry DID (any other text is simply not found)")
+# Path parameters by name (a route's `<name>`); any other is a string.
+PATH_PARAMETERS = {
+    "did": _path("did", "an entry DID (any other text is simply not found)"),
+    "sequence": {
+        "name": "sequence",
+        "in": "path",
+        "required": True,
+        "schema": {"type": "integer", "minimum": 1},
+    },
+}
+
+
+@dataclass(frozen=True)
+class OperationDoc:
+    """What the document says of one operation beyond what its route says (its path and
+    parameters, its method, its view's name as `operationId`, and from `api.http.endpoint`
+    whether it needs a session and takes a body)."""
+
+    summary: str
+    ok: dict[str, Any]  # status -> response (`ok(...)`)
+    errors: dict[str, str] = field(default_factory=dict)  # the use-case's refusals
+    body: str | None = None  # the schema of the JSON body
+    body_required: bool = True
+    idempotent: bool = False  # takes an Idempotency-Key
+    params: list[dict[str, Any]] = field(default_factory=list)  # query and header ones
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def documented(
+    summary: str,
+    *,
+    ok: dict[str, Any],
+    errors: dict[str, str] | None = None,
+    body: str | None = None,
+    body_required: bool = True,
+    idempotent: bool = False,
+    params: list[dict[str, Any]] | None = None,
+) -> Callable[[_F], _F]:
+    """Declare a route's operation for the document (under `api.http.endpoint`)."""
+    doc = OperationDoc(summary, ok, errors or {}, body, body_required, idempotent, params or [])
+
+    def mark(view: _F) -> _F:
+        view.__openapi__ = doc  # type: ignore[attr-defined]
+        return view
+
+    return mark
 
 
 def _operation(
-    op_id: str,
-    summary: str,
-    ok: dict[str, Any],
-    errors: dict[str, str] | None = None,
-    *,
-    auth: bool = False,
-    idempotent: bool = False,
-    body: str | None = None,
-    body_required: bool = True,
-    params: list[dict[str, Any]] | None = None,
+    op_id: str, doc: OperationDoc, admission: Admission, path_params: list[dict[str, Any]]
 ) -> dict[str, Any]:
     """An operation with every status it can answer: the use-case's `errors`, and those of
     admission (`api.http.endpoint`), sessions, idempotency keys and path parameters."""
-    parameters = list(params or [])
+    if (doc.body is not None) != (admission.body_limit is not None):
+        raise ValueError(f"{op_id}: a body schema is declared iff the endpoint admits a body")
+    auth = admission.auth == "required"
+    parameters = [*path_params, *doc.params]
     found: dict[str, list[str]] = {}
 
     def add(status: str, text: str) -> None:
         found.setdefault(status, []).append(text)
 
-    for status, text in (errors or {}).items():
+    for status, text in doc.errors.items():
         add(status, text)
-    if body is not None:
+    if doc.body is not None:
         add("400", "the body is not I-JSON (RFC 7493) or breaks the schema")
         add("413", "the body exceeds the admission limit")
         add("415", "Content-Type is not JSON")
     if auth:
         add("401", "session missing, malformed, expired or revoked")
-    if idempotent:
+    if doc.idempotent:
         parameters.append(IDEMPOTENCY)
         add("400", "Idempotency-Key missing or malformed")
         add("409", "Idempotency-Key reused for another request")
-    if any(p["in"] == "path" for p in parameters):
+    if path_params:
         add("404", "also for a path parameter that cannot be routed")
     add("429", "rate limit exceeded")
     add("503", "the database is unavailable, or the service is stopping")
-    responses: dict[str, Any] = dict(ok)
+    responses: dict[str, Any] = copy.deepcopy(doc.ok)
     for status in sorted(found):
         if status not in responses:
             responses[status] = _error("; ".join(dict.fromkeys(found[status])))
-    operation: dict[str, Any] = {"operationId": op_id, "summary": summary}
+    operation: dict[str, Any] = {"operationId": op_id, "summary": doc.summary}
     if parameters:
         operation["parameters"] = parameters
-    if body is not None:
+    if doc.body is not None:
         operation["requestBody"] = {
-            "required": body_required,
-            "content": {"application/json": {"schema": _ref(body)}},
+            "required": doc.body_required,
+            "content": {"application/json": {"schema": _ref(doc.body)}},
         }
     if auth:
         operation["security"] = AUTH
@@ -874,535 +923,28 @@ def _operation(
     return operation
 
 
-def _paths() -> dict[str, Any]:
-    return {
-        "/v1/entries": {
-            "post": _operation(
-                "create_entry",
-                "Publish a new signed entry",
-                {"201": _ok("ServedEntry", "Created", Location="the entry", ETag="its version")},
-                {
-                    "400": "invalid entry: the schema, itemDataHash or the signature",
-                    "403": "entries.write capability missing, or publisherDid is not the session",
-                    "409": "the entry exists",
-                },
-                auth=True,
-                idempotent=True,
-                body="NewRegistryEntry",
-            )
-        },
-        "/v1/entries/{did}": {
-            "get": _operation(
-                "get_entry",
-                "The latest version of an entry",
-                {
-                    "200": _ok("ServedEntry", ETag="the version (and attestations)"),
-                    "304": {"description": "Not modified (If-None-Match)"},
-                },
-                {"404": "entry not found (or deleted)"},
-                params=[
-                    DID_PATH,
-                    {"name": "If-None-Match", "in": "header", "schema": _STR},
-                ],
-            ),
-            "put": _operation(
-                "update_entry",
-                "Publish a new version of an entry",
-                {"200": _ok("ServedEntry", ETag="the new version")},
-                {
-                    "400": "invalid entry: the schema, itemDataHash, the signature, or entryDid"
-                    " is not the DID in the path",
-                    "403": "entries.write capability missing, or not the entry's publisher",
-                    "404": "entry not found",
-                    "409": "sequence is not the latest; the lifecycle cannot move so",
-                },
-                auth=True,
-                idempotent=True,
-                body="UpdatedRegistryEntry",
-                params=[DID_PATH],
-            ),
-            "delete": _operation(
-                "delete_entry",
-                "Delete an entry (writes a tombstone version)",
-                {"200": _ok("Tombstone")},
-                {
-                    "403": "not the entry's publisher (nor admin), or entries.write missing",
-                    "404": "entry not found",
-                },
-                auth=True,
-                idempotent=True,
-                params=[DID_PATH],
-            ),
-        },
-        "/v1/entries/{did}/lineage": {
-            "get": _operation(
-                "get_entry_lineage",
-                "The entry's lineage reference",
-                {"200": _ok("LineageResponse")},
-                {"404": "entry not found"},
-                params=[DID_PATH],
-            )
-        },
-        "/v1/entries/{did}/versions": {
-            "get": _operation(
-                "list_entry_versions",
-                "Versions of an entry, newest first",
-                {"200": _ok("VersionsResponse")},
-                {"400": "bad limit or cursor", "404": "entry not found"},
-                params=[DID_PATH, LIMIT, SEQUENCE_CURSOR],
-            )
-        },
-        "/v1/entries/{did}/versions/{sequence}": {
-            "get": _operation(
-                "get_entry_version",
-                "One version of an entry",
-                {"200": _ok("ServedEntry")},
-                {
-                    "400": "sequence is not a positive integer",
-                    "404": "entry or version not found",
-                },
-                params=[
-                    DID_PATH,
-                    {
-                        "name": "sequence",
-                        "in": "path",
-                        "required": True,
-                        "schema": {"type": "integer", "minimum": 1},
-                    },
-                ],
-            )
-        },
-        "/v1/discover": {
-            "post": _operation(
-                "discover",
-                "Discover entries by a structured request ({} lists everything)",
-                {"200": _ok("QueryResult", **{"X-Cache": "hit or miss"})},
-                {
-                    "400": "a cursor this server did not issue for this query; more than 256"
-                    " filter nodes",
-                },
-                body="DiscoverRequest",
-            )
-        },
-        "/v1/discover/registryql": {
-            "post": _operation(
-                "discover_registryql",
-                "Discover entries by a RegistryQL expression",
-                {"200": _ok("QueryResult", **{"X-Cache": "hit or miss"})},
-                {
-                    "400": "the expression breaks the grammar (details: line, column,"
-                    " expected); a cursor this server did not issue for this query",
-                },
-                body="RegistryQLRequest",
-            )
-        },
-        "/v1/auth/siws/challenge": {
-            "post": _operation(
-                "siws_challenge",
-                "A single-use sign-in challenge",
-                {"200": _ok("ChallengeResponse")},
-                body="ChallengeRequest",
-            )
-        },
-        "/v1/auth/siws/verify": {
-            "post": _operation(
-                "siws_verify",
-                "Verify a signed challenge and open a session",
-                {"200": _ok("VerifyResponse")},
-                {
-                    "401": "verification failed (also a body that breaks the schema)",
-                    "502": "identity lookup failed",
-                },
-                body="VerifyRequest",
-            )
-        },
-        "/v1/auth/session": {
-            "get": _operation("session", "The current session", {"200": _ok("Session")}, auth=True)
-        },
-        "/v1/auth/logout": {
-            "post": _operation(
-                "logout",
-                "Revoke the current session",
-                {"200": _ok("LoggedOut", "Logged out")},
-                auth=True,
-                idempotent=True,
-                body="JsonValue",
-                body_required=False,
-            )
-        },
-        "/v1/health": {
-            "get": _operation(
-                "health",
-                "Basic health",
-                {"200": _ok("Health"), "503": _ok("Health", "Failing")},
-            )
-        },
-        "/v1/health/deep": {
-            "get": _operation(
-                "deep_health",
-                "Deep health (admin)",
-                {"200": _ok("DeepHealth")},
-                {"403": "not admin"},
-                auth=True,
-            )
-        },
-        "/v1/openapi.json": {
-            "get": _operation(
-                "openapi", "This document", {"200": _ok("OpenApiDocument", "OpenAPI 3.1")}
-            )
-        },
-        **_trust_paths(),
-    }
+_ROUTE_PARAMETER = re.compile(r"<(?:[a-z]+:)?([a-z_]+)>")
 
 
-def _trust_paths() -> dict[str, Any]:
-    def write(
-        op_id: str,
-        summary: str,
-        ok: tuple[str, str],
-        errors: dict[str, str],
-        *,
-        body: str | None = None,
-        body_required: bool = True,
-        params: list[dict[str, Any]] | None = None,
-    ) -> dict[str, Any]:
-        return _operation(
-            op_id,
-            summary,
-            {ok[0]: _ok(ok[1])},
-            errors,
-            auth=True,
-            idempotent=True,
-            body=body,
-            body_required=body_required,
-            params=params,
-        )
-
-    page = [LIMIT, SEQUENCE_CURSOR]
-    offer = _path("offer_id")
-    return {
-        "/v1/attestations": {
-            "post": write(
-                "create_attestation",
-                "Attest an entry with a Verifiable Credential (eddsa-jcs-2022)",
-                ("201", "Attestation"),
-                {
-                    "400": "the credential or its proof does not verify, or its subject is"
-                    " not entryDid",
-                    "403": "issuer is not the session principal, or attest capability missing",
-                    "404": "entry not found",
-                    "409": "this credential is already attested on the entry",
-                },
-                body="AttestationRequest",
+def _paths(app: Quart) -> dict[str, Any]:
+    """Every HTTP route of `app`, in the order they were added (the WebSocket aside)."""
+    paths: dict[str, Any] = {}
+    for rule in app.url_map.iter_rules():
+        if rule.websocket or rule.endpoint == "static":
+            continue
+        view = app.view_functions[rule.endpoint]
+        doc: OperationDoc | None = getattr(view, "__openapi__", None)
+        admission: Admission | None = getattr(view, "__admission__", None)
+        if doc is None or admission is None:
+            raise ValueError(f"route {rule.rule} is not @endpoint and @documented")
+        names = _ROUTE_PARAMETER.findall(rule.rule)
+        path = _ROUTE_PARAMETER.sub(r"{\1}", rule.rule)
+        path_params = [PATH_PARAMETERS.get(name) or _path(name) for name in names]
+        for method in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"}):
+            paths.setdefault(path, {})[method.lower()] = _operation(
+                rule.endpoint, doc, admission, path_params
             )
-        },
-        "/v1/attestations/{attestation_id}": {
-            "get": _operation(
-                "get_attestation",
-                "One attestation record",
-                {"200": _ok("Attestation")},
-                {"404": "attestation not found"},
-                params=[_path("attestation_id")],
-            )
-        },
-        "/v1/attestations/{attestation_id}/revoke": {
-            "post": write(
-                "revoke_attestation",
-                "Revoke an attestation (its issuer)",
-                ("200", "Attestation"),
-                {
-                    "403": "not the issuer",
-                    "404": "attestation not found",
-                    "409": "already revoked",
-                },
-                params=[_path("attestation_id")],
-            )
-        },
-        "/v1/entries/{did}/attestations": {
-            "get": _operation(
-                "list_entry_attestations",
-                "Every attestation of an entry (revoked ones too), oldest first",
-                {"200": _ok("AttestationPage")},
-                {"400": "bad limit or cursor", "404": "entry not found"},
-                params=[DID_PATH, *page],
-            )
-        },
-        "/v1/report": {
-            "post": write(
-                "create_report",
-                "Report an entry",
-                ("201", "ReportCreated"),
-                {
-                    "403": "report capability missing",
-                    "404": "entry not found",
-                    "409": "an open report by this reporter exists",
-                },
-                body="ReportRequest",
-            )
-        },
-        "/v1/admin/reports": {
-            "get": _operation(
-                "list_reports",
-                "Reports, oldest first (admin)",
-                {"200": _ok("ReportPage")},
-                {"400": "bad status, limit or cursor", "403": "not admin"},
-                auth=True,
-                params=[
-                    {
-                        "name": "status",
-                        "in": "query",
-                        "schema": {"enum": ["reported", "dismissed", "upheld"]},
-                    },
-                    *page,
-                ],
-            )
-        },
-        "/v1/admin/reports/{report_id}/resolve": {
-            "post": write(
-                "resolve_report",
-                "Dismiss or uphold a report; upholding may slash a bond (admin)",
-                ("200", "Report"),
-                {
-                    "403": "not admin",
-                    "404": "report or bond not found",
-                    "409": "already resolved; slash beyond the bond",
-                },
-                body="ResolveRequest",
-                params=[_path("report_id")],
-            )
-        },
-        "/v1/admin/bonds": {
-            "post": write(
-                "provision_bond",
-                "Provision a bond (admin)",
-                ("201", "Bond"),
-                {
-                    "400": "publisherDid is not the entry's publisher",
-                    "403": "not admin",
-                    "404": "entry not found",
-                    "409": "bondId exists",
-                },
-                body="BondRequest",
-            )
-        },
-        "/v1/bonds/{bond_id}": {
-            "get": _operation(
-                "get_bond",
-                "A bond and its slash history",
-                {"200": _ok("Bond")},
-                {"404": "bond not found"},
-                params=[_path("bond_id")],
-            )
-        },
-        "/v1/admin/bonds/{bond_id}/slash": {
-            "post": write(
-                "slash_bond",
-                "Slash a bond (admin): the amount is split harmed/reporter/treasury exactly",
-                ("200", "Bond"),
-                {
-                    "403": "not admin",
-                    "404": "bond not found",
-                    "409": "bond not active; slash beyond the remaining amount",
-                },
-                body="SlashRequest",
-                params=[_path("bond_id")],
-            )
-        },
-        "/v1/admin/bonds/{bond_id}/release": {
-            "post": write(
-                "release_bond",
-                "Release a bond (admin)",
-                ("200", "Bond"),
-                {"403": "not admin", "404": "bond not found", "409": "bond not active"},
-                params=[_path("bond_id")],
-            )
-        },
-        "/v1/anchors/{did}": {
-            "get": _operation(
-                "get_anchors",
-                "The entry's anchor intents and receipts, ascending (sequence, createdAt, id)",
-                {"200": _ok("AnchorList")},
-                {
-                    "400": "bad limit, or a cursor this server did not issue for the entry",
-                    "404": "entry not found",
-                },
-                params=[
-                    DID_PATH,
-                    LIMIT,
-                    {
-                        "name": "cursor",
-                        "in": "query",
-                        "schema": {
-                            "type": "string",
-                            "minLength": 1,
-                            "maxLength": 2048,
-                            "pattern": "^[A-Za-z0-9_-]+$",
-                        },
-                    },
-                ],
-            )
-        },
-        "/v1/admin/anchors/{intent_id}/retry": {
-            "post": write(
-                "retry_anchor",
-                "Requeue a failed or abandoned intent (admin)",
-                ("200", "AnchorControl"),
-                {
-                    "403": "not admin",
-                    "404": "intent not found",
-                    "409": "the intent's state does not permit it",
-                },
-                params=[_path("intent_id")],
-            )
-        },
-        "/v1/admin/anchors/{intent_id}/abandon": {
-            "post": write(
-                "abandon_anchor",
-                "Abandon a pending, submitted or failed intent (admin)",
-                ("200", "AnchorControl"),
-                {
-                    "403": "not admin",
-                    "404": "intent not found",
-                    "409": "the intent's state does not permit it",
-                },
-                params=[_path("intent_id")],
-            )
-        },
-        "/v1/federation/sync": {
-            "post": _operation(
-                "federation_sync",
-                "Pull local entry versions after fromSequence (a peer, by signed envelope)",
-                {"200": _ok("Envelope", "A signed sync_response")},
-                {
-                    "400": "the payload is not {fromSequence, maxEntries, agreementId?}",
-                    "401": "envelope missing or malformed; signature, timestamp, nonce or"
-                    " controller invalid; wrong recipient; nonce replayed",
-                    "403": "unknown peer; peer may not sync; agreement not active",
-                },
-                body="Envelope",
-            )
-        },
-        "/v1/federation/discover": {
-            "post": _operation(
-                "federation_discover",
-                "A peer's federated query (signed discover_request; local entries only)",
-                {"200": _ok("Envelope", "A signed discover_response")},
-                {
-                    "400": "the payload is not {query: DiscoverRequest, agreementId?}",
-                    "401": "envelope missing or malformed; signature, timestamp, nonce or"
-                    " controller invalid; wrong recipient; nonce replayed",
-                    "403": "unknown peer; peer may not discover; agreement not active",
-                },
-                body="Envelope",
-            )
-        },
-        "/v1/discover/federated": {
-            "post": _operation(
-                "discover_federated",
-                "Discover here and at every reachable peer, merged (design §9)",
-                {"200": _ok("FederatedResult")},
-                {
-                    "400": "invalid query; entryType missing; offset used; a cursor this"
-                    " server did not issue for this query",
-                    "403": "the session lacks discover.federated",
-                },
-                auth=True,
-                body="FederatedQuery",
-            )
-        },
-        "/v1/federation/peers": {
-            "get": _operation(
-                "list_federation_peers",
-                "The configured federation peers",
-                {"200": _ok("FederationPeers")},
-            )
-        },
-        "/v1/federation/peers/self": {
-            "put": write(
-                "update_federation_peer",
-                "A peer registers its endpoint (session of a configured peer)",
-                ("200", "FederationPeer"),
-                {"400": "endpoint is not an http(s) URL", "403": "not a federation peer"},
-                body="PeerUpdate",
-            )
-        },
-        "/v1/admin/federation/peers": {
-            "get": _operation(
-                "federation_peer_status",
-                "Each peer's sync status: breaker, cursor, lag, latency, quarantines (admin)",
-                {"200": _ok("FederationPeerStatuses")},
-                {"403": "not admin"},
-                auth=True,
-            )
-        },
-        "/v1/transfers/offers": {
-            "post": write(
-                "create_transfer_offer",
-                "Offer an entry to a recipient (its publisher, with a signed offer)",
-                ("201", "TransferOffer"),
-                {
-                    "400": "recipientDid is the owner; expiresAt not within 30 days; the"
-                    " owner's signature does not verify",
-                    "403": "not the entry's publisher",
-                    "404": "entry not found",
-                    "409": "stale entrySequence; an open offer exists; revoked entry",
-                },
-                body="OfferRequest",
-            )
-        },
-        "/v1/transfers/offers/{offer_id}": {
-            "get": _operation(
-                "get_transfer_offer",
-                "A transfer offer (status expired once past expiresAt)",
-                {"200": _ok("TransferOffer")},
-                {"404": "offer not found"},
-                params=[offer],
-            )
-        },
-        "/v1/transfers/offers/{offer_id}/accept": {
-            "post": write(
-                "accept_transfer_offer",
-                "Accept an offer with the recipient-signed entry (rules a-e of spec 4.2)",
-                ("200", "ServedEntry"),
-                {
-                    "400": "the entry is not the offered one, changes a field, or does not verify",
-                    "403": "not the recipient; publisherDid not the recipient",
-                    "404": "offer not found",
-                    "409": "offer expired or decided; entry changed; sequence conflict",
-                },
-                body="AcceptRequest",
-                params=[offer],
-            )
-        },
-        "/v1/transfers/offers/{offer_id}/decline": {
-            "post": write(
-                "decline_transfer_offer",
-                "Decline an offer (the recipient)",
-                ("200", "TransferOffer"),
-                {
-                    "403": "not the recipient",
-                    "404": "offer not found",
-                    "409": "offer expired or already decided",
-                },
-                body="DeclineRequest",
-                body_required=False,
-                params=[offer],
-            )
-        },
-        "/v1/transfers/offers/{offer_id}/cancel": {
-            "post": write(
-                "cancel_transfer_offer",
-                "Cancel an offer (the owner)",
-                ("200", "TransferOffer"),
-                {
-                    "403": "not the owner",
-                    "404": "offer not found",
-                    "409": "offer expired or already decided",
-                },
-                params=[offer],
-            )
-        },
-    }
+    return paths
 
 
 # What a created resource leads to: operation → (target operation, its parameters from the
@@ -1457,8 +999,15 @@ def _with_links(paths: dict[str, Any]) -> dict[str, Any]:
     return paths
 
 
-@functools.cache
-def openapi_document() -> dict[str, Any]:
+def openapi_document(app: Quart) -> dict[str, Any]:
+    """The document of `app`'s routes (built once per app)."""
+    document: dict[str, Any] | None = app.extensions.get("openapi")
+    if document is None:
+        document = app.extensions["openapi"] = _document(app)
+    return document
+
+
+def _document(app: Quart) -> dict[str, Any]:
     return {
         "openapi": "3.1.0",
         "info": {
@@ -1470,7 +1019,7 @@ def openapi_document() -> dict[str, Any]:
                 " nesting; the schemas say so where they can."
             ),
         },
-        "paths": _with_links(_paths()),
+        "paths": _with_links(_paths(app)),
         "components": {
             "schemas": _schemas(),
             "securitySchemes": {

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import trio
-from quart import Response
+from quart import Response, current_app
 from quart_trio import QuartTrio
 
 from api.http import Ctx, deps, dumps, endpoint, json_response
-from api.openapi import openapi_document
+from api.openapi import documented, ok, openapi_document
 from registry.errors import RegistryError
 from registry.store.migrate import load_migrations
 
@@ -58,6 +58,10 @@ def _status(checks: dict[str, str]) -> str:
 def register(app: QuartTrio) -> None:
     @app.get("/v1/health")
     @endpoint("read")
+    @documented(
+        "Basic health",
+        ok={"200": ok("Health"), "503": ok("Health", "Failing")},
+    )
     async def health(ctx: Ctx) -> Response:
         checks = await _checks()
         status = _status(checks)
@@ -68,6 +72,11 @@ def register(app: QuartTrio) -> None:
 
     @app.get("/v1/health/deep")
     @endpoint("read", auth="required")
+    @documented(
+        "Deep health (admin)",
+        ok={"200": ok("DeepHealth")},
+        errors={"403": "not admin"},
+    )
     async def deep_health(ctx: Ctx) -> Response:
         assert ctx.principal is not None
         ctx.principal.require("admin")
@@ -80,5 +89,9 @@ def register(app: QuartTrio) -> None:
 
     @app.get("/v1/openapi.json")
     @endpoint("read")
+    @documented(
+        "This document",
+        ok={"200": ok("OpenApiDocument", "OpenAPI 3.1")},
+    )
     async def openapi(ctx: Ctx) -> Response:
-        return json_response(dumps(openapi_document()))
+        return json_response(dumps(openapi_document(current_app)))

@@ -7,11 +7,25 @@ from quart_trio import QuartTrio
 
 from api.http import Ctx, deps, endpoint, json_response
 from api.idempotency import idem_key, respond
+from api.openapi import documented, ok
 
 
 def register(app: QuartTrio) -> None:
     @app.post("/v1/transfers/offers")
     @endpoint("write", auth="required", body_limit="small_body_bytes")
+    @documented(
+        "Offer an entry to a recipient (its publisher, with a signed offer)",
+        ok={"201": ok("TransferOffer")},
+        errors={
+            "400": "recipientDid is the owner; expiresAt not within 30 days; the"
+            " owner's signature does not verify",
+            "403": "not the entry's publisher",
+            "404": "entry not found",
+            "409": "stale entrySequence; an open offer exists; revoked entry",
+        },
+        body="OfferRequest",
+        idempotent=True,
+    )
     async def create_transfer_offer(ctx: Ctx) -> Response:
         assert ctx.principal is not None
         idem = idem_key(ctx, "create_transfer_offer")
@@ -20,11 +34,28 @@ def register(app: QuartTrio) -> None:
 
     @app.get("/v1/transfers/offers/<offer_id>")
     @endpoint("read")
+    @documented(
+        "A transfer offer (status expired once past expiresAt)",
+        ok={"200": ok("TransferOffer")},
+        errors={"404": "offer not found"},
+    )
     async def get_transfer_offer(ctx: Ctx, offer_id: str) -> Response:
         return json_response(await deps().transfers.get(offer_id))
 
     @app.post("/v1/transfers/offers/<offer_id>/accept")
     @endpoint("write", auth="required", body_limit="entry_body_bytes")
+    @documented(
+        "Accept an offer with the recipient-signed entry (rules a-e of spec 4.2)",
+        ok={"200": ok("ServedEntry")},
+        errors={
+            "400": "the entry is not the offered one, changes a field, or does not verify",
+            "403": "not the recipient; publisherDid not the recipient",
+            "404": "offer not found",
+            "409": "offer expired or decided; entry changed; sequence conflict",
+        },
+        body="AcceptRequest",
+        idempotent=True,
+    )
     async def accept_transfer_offer(ctx: Ctx, offer_id: str) -> Response:
         assert ctx.principal is not None
         idem = idem_key(ctx, "accept_transfer_offer")
@@ -33,6 +64,18 @@ def register(app: QuartTrio) -> None:
 
     @app.post("/v1/transfers/offers/<offer_id>/decline")
     @endpoint("write", auth="required", body_limit="small_body_bytes")
+    @documented(
+        "Decline an offer (the recipient)",
+        ok={"200": ok("TransferOffer")},
+        errors={
+            "403": "not the recipient",
+            "404": "offer not found",
+            "409": "offer expired or already decided",
+        },
+        body="DeclineRequest",
+        body_required=False,
+        idempotent=True,
+    )
     async def decline_transfer_offer(ctx: Ctx, offer_id: str) -> Response:
         assert ctx.principal is not None
         idem = idem_key(ctx, "decline_transfer_offer")
@@ -42,6 +85,16 @@ def register(app: QuartTrio) -> None:
 
     @app.post("/v1/transfers/offers/<offer_id>/cancel")
     @endpoint("write", auth="required")
+    @documented(
+        "Cancel an offer (the owner)",
+        ok={"200": ok("TransferOffer")},
+        errors={
+            "403": "not the owner",
+            "404": "offer not found",
+            "409": "offer expired or already decided",
+        },
+        idempotent=True,
+    )
     async def cancel_transfer_offer(ctx: Ctx, offer_id: str) -> Response:
         assert ctx.principal is not None
         idem = idem_key(ctx, "cancel_transfer_offer")

@@ -8,6 +8,7 @@ from quart_trio import QuartTrio
 from api.entries import int_param
 from api.http import Ctx, deps, endpoint, json_response
 from api.idempotency import idem_key, respond
+from api.openapi import PAGE, documented, ok
 
 
 def register(app: QuartTrio) -> None:
@@ -15,6 +16,18 @@ def register(app: QuartTrio) -> None:
 
     @app.post("/v1/attestations")
     @endpoint("write", auth="required", body_limit="entry_body_bytes")
+    @documented(
+        "Attest an entry with a Verifiable Credential (eddsa-jcs-2022)",
+        ok={"201": ok("Attestation")},
+        errors={
+            "400": "the credential or its proof does not verify, or its subject is not entryDid",
+            "403": "issuer is not the session principal, or attest capability missing",
+            "404": "entry not found",
+            "409": "this credential is already attested on the entry",
+        },
+        body="AttestationRequest",
+        idempotent=True,
+    )
     async def create_attestation(ctx: Ctx) -> Response:
         assert ctx.principal is not None
         idem = idem_key(ctx, "create_attestation")
@@ -23,11 +36,26 @@ def register(app: QuartTrio) -> None:
 
     @app.get("/v1/attestations/<attestation_id>")
     @endpoint("read")
+    @documented(
+        "One attestation record",
+        ok={"200": ok("Attestation")},
+        errors={"404": "attestation not found"},
+    )
     async def get_attestation(ctx: Ctx, attestation_id: str) -> Response:
         return json_response((await deps().attestations.get_row(attestation_id)).doc)
 
     @app.post("/v1/attestations/<attestation_id>/revoke")
     @endpoint("write", auth="required")
+    @documented(
+        "Revoke an attestation (its issuer)",
+        ok={"200": ok("Attestation")},
+        errors={
+            "403": "not the issuer",
+            "404": "attestation not found",
+            "409": "already revoked",
+        },
+        idempotent=True,
+    )
     async def revoke_attestation(ctx: Ctx, attestation_id: str) -> Response:
         assert ctx.principal is not None
         idem = idem_key(ctx, "revoke_attestation")
@@ -36,7 +64,13 @@ def register(app: QuartTrio) -> None:
 
     @app.get("/v1/entries/<did>/attestations")
     @endpoint("read")
-    async def list_attestations(ctx: Ctx, did: str) -> Response:
+    @documented(
+        "Every attestation of an entry (revoked ones too), oldest first",
+        ok={"200": ok("AttestationPage")},
+        errors={"400": "bad limit or cursor", "404": "entry not found"},
+        params=[*PAGE],
+    )
+    async def list_entry_attestations(ctx: Ctx, did: str) -> Response:
         body = await deps().attestations.list_for(
             did, limit=int_param("limit"), cursor=request.args.get("cursor")
         )
@@ -46,6 +80,17 @@ def register(app: QuartTrio) -> None:
 
     @app.post("/v1/report")
     @endpoint("write", auth="required", body_limit="small_body_bytes")
+    @documented(
+        "Report an entry",
+        ok={"201": ok("ReportCreated")},
+        errors={
+            "403": "report capability missing",
+            "404": "entry not found",
+            "409": "an open report by this reporter exists",
+        },
+        body="ReportRequest",
+        idempotent=True,
+    )
     async def create_report(ctx: Ctx) -> Response:
         assert ctx.principal is not None
         idem = idem_key(ctx, "create_report")
@@ -54,6 +99,19 @@ def register(app: QuartTrio) -> None:
 
     @app.get("/v1/admin/reports")
     @endpoint("read", auth="required")
+    @documented(
+        "Reports, oldest first (admin)",
+        ok={"200": ok("ReportPage")},
+        errors={"400": "bad status, limit or cursor", "403": "not admin"},
+        params=[
+            {
+                "name": "status",
+                "in": "query",
+                "schema": {"enum": ["reported", "dismissed", "upheld"]},
+            },
+            *PAGE,
+        ],
+    )
     async def list_reports(ctx: Ctx) -> Response:
         assert ctx.principal is not None
         body = await deps().reports.list(
@@ -66,6 +124,17 @@ def register(app: QuartTrio) -> None:
 
     @app.post("/v1/admin/reports/<report_id>/resolve")
     @endpoint("write", auth="required", body_limit="small_body_bytes")
+    @documented(
+        "Dismiss or uphold a report; upholding may slash a bond (admin)",
+        ok={"200": ok("Report")},
+        errors={
+            "403": "not admin",
+            "404": "report or bond not found",
+            "409": "already resolved; slash beyond the bond",
+        },
+        body="ResolveRequest",
+        idempotent=True,
+    )
     async def resolve_report(ctx: Ctx, report_id: str) -> Response:
         assert ctx.principal is not None
         idem = idem_key(ctx, "resolve_report")
@@ -76,6 +145,18 @@ def register(app: QuartTrio) -> None:
 
     @app.post("/v1/admin/bonds")
     @endpoint("write", auth="required", body_limit="small_body_bytes")
+    @documented(
+        "Provision a bond (admin)",
+        ok={"201": ok("Bond")},
+        errors={
+            "400": "publisherDid is not the entry's publisher",
+            "403": "not admin",
+            "404": "entry not found",
+            "409": "bondId exists",
+        },
+        body="BondRequest",
+        idempotent=True,
+    )
     async def provision_bond(ctx: Ctx) -> Response:
         assert ctx.principal is not None
         idem = idem_key(ctx, "provision_bond")
@@ -84,11 +165,27 @@ def register(app: QuartTrio) -> None:
 
     @app.get("/v1/bonds/<bond_id>")
     @endpoint("read")
+    @documented(
+        "A bond and its slash history",
+        ok={"200": ok("Bond")},
+        errors={"404": "bond not found"},
+    )
     async def get_bond(ctx: Ctx, bond_id: str) -> Response:
         return json_response(await deps().bonds.get(bond_id))
 
     @app.post("/v1/admin/bonds/<bond_id>/slash")
     @endpoint("write", auth="required", body_limit="small_body_bytes")
+    @documented(
+        "Slash a bond (admin): the amount is split harmed/reporter/treasury exactly",
+        ok={"200": ok("Bond")},
+        errors={
+            "403": "not admin",
+            "404": "bond not found",
+            "409": "bond not active; slash beyond the remaining amount",
+        },
+        body="SlashRequest",
+        idempotent=True,
+    )
     async def slash_bond(ctx: Ctx, bond_id: str) -> Response:
         assert ctx.principal is not None
         idem = idem_key(ctx, "slash_bond")
@@ -97,6 +194,12 @@ def register(app: QuartTrio) -> None:
 
     @app.post("/v1/admin/bonds/<bond_id>/release")
     @endpoint("write", auth="required")
+    @documented(
+        "Release a bond (admin)",
+        ok={"200": ok("Bond")},
+        errors={"403": "not admin", "404": "bond not found", "409": "bond not active"},
+        idempotent=True,
+    )
     async def release_bond(ctx: Ctx, bond_id: str) -> Response:
         assert ctx.principal is not None
         idem = idem_key(ctx, "release_bond")

@@ -9,8 +9,8 @@ from __future__ import annotations
 import functools
 import re
 
-_B58 = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
-_B58_INDEX = {c: i for i, c in enumerate(_B58)}
+B58_ALPHABET = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
+_B58_INDEX = {c: i for i, c in enumerate(B58_ALPHABET)}
 ED25519_MULTICODEC = b"\xed\x01"
 
 # DID Core §3.1: did:method-name:method-specific-id, with pct-encoding; 2 KiB is our bound.
@@ -30,7 +30,7 @@ def b58encode(data: bytes) -> str:
     out = []
     while number:
         number, rem = divmod(number, 58)
-        out.append(_B58[rem])
+        out.append(B58_ALPHABET[rem])
     zeros = len(data) - len(data.lstrip(b"\0"))
     return "1" * zeros + "".join(reversed(out))
 
