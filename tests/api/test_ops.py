@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
+import pytest
 import trio
 import trio.lowlevel
 
@@ -77,6 +79,34 @@ async def test_openapi_document(harness: Harness) -> None:
     schemas = doc["components"]["schemas"]
     assert "RegistryEntry" in schemas
     assert "ErrorResponse" in schemas
+    # Every reference names a component (the models of api/schemas.py may name components
+    # pydantic does not generate, such as ServedEntry).
+    refs = set(re.findall(r'"\$ref": "#/components/schemas/([^"]+)"', json.dumps(doc)))
+    assert refs - set(schemas) == set()
+
+
+def test_the_envelope_schema_has_the_members_every_envelope_has() -> None:
+    from api.schemas import Envelope
+    from registry.envelope import MEMBERS
+
+    assert set(Envelope.model_fields) == set(MEMBERS)
+
+
+def test_an_operation_without_its_documentation_is_refused() -> None:
+    """The document is generated from the route table: a route that does not say what it
+    answers cannot be served undocumented."""
+    from api.app import route_table
+    from api.http import endpoint
+    from api.openapi import openapi_document
+
+    app = route_table()
+
+    @app.get("/v1/undocumented")
+    @endpoint("read")
+    async def undocumented() -> None: ...
+
+    with pytest.raises(ValueError, match="/v1/undocumented is not @endpoint and @documented"):
+        openapi_document(app)
 
 
 async def test_openapi_marks_idempotency_and_auth(harness: Harness) -> None:
