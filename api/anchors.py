@@ -10,6 +10,13 @@ from api.http import Ctx, deps, endpoint, json_response
 from api.idempotency import idem_key, respond
 from api.openapi import LIMIT, documented, ok
 
+# What an admin's retry or abandon of an intent can meet.
+CONTROL_ERRORS = {
+    "403": "not admin",
+    "404": "intent not found",
+    "409": "the intent's state does not permit it",
+}
+
 
 def register(app: QuartTrio) -> None:
     @app.get("/v1/anchors/<did>")
@@ -46,11 +53,7 @@ def register(app: QuartTrio) -> None:
     @documented(
         "Requeue a failed or abandoned intent (admin)",
         ok={"200": ok("AnchorControl")},
-        errors={
-            "403": "not admin",
-            "404": "intent not found",
-            "409": "the intent's state does not permit it",
-        },
+        errors=CONTROL_ERRORS,
         idempotent=True,
     )
     async def retry_anchor(ctx: Ctx, intent_id: str) -> Response:
@@ -63,11 +66,7 @@ def register(app: QuartTrio) -> None:
     @documented(
         "Abandon a pending, submitted or failed intent (admin)",
         ok={"200": ok("AnchorControl")},
-        errors={
-            "403": "not admin",
-            "404": "intent not found",
-            "409": "the intent's state does not permit it",
-        },
+        errors=CONTROL_ERRORS,
         idempotent=True,
     )
     async def abandon_anchor(ctx: Ctx, intent_id: str) -> Response:
