@@ -847,6 +847,16 @@ class _Formatter(argparse.HelpFormatter):
         return text
 
 
+def _version() -> str:
+    """The installed distribution's version (a source tree that is not installed: unknown)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("registry")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="registry",
@@ -861,6 +871,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--debug",
         action="store_true",
         help="show the traceback of an error, not just its one line (default: off)",
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"registry {_version()}", help="show the version"
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 

@@ -116,13 +116,21 @@ def test_every_option_has_help_that_says_its_default() -> None:
     }
     for name, command in [("registry", parser), *commands.items()]:
         for action in command._actions:
-            if isinstance(action, argparse._HelpAction | argparse._SubParsersAction):
+            if isinstance(
+                action, argparse._HelpAction | argparse._VersionAction | argparse._SubParsersAction
+            ):
                 continue
             if action.help == argparse.SUPPRESS:  # --debug, repeated after the command
                 continue
             assert action.help, (name, action.dest)
             if action.option_strings:
                 assert "default" in action.help or "required" in action.help, (name, action.help)
+
+
+def test_version_prints_the_installed_version(tmp_path: Path) -> None:
+    from importlib.metadata import version
+
+    assert Cli(tmp_path).ok("--version").stdout == f"registry {version('registry')}\n"
 
 
 def test_help_shows_the_defaults(tmp_path: Path) -> None:
