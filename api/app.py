@@ -10,6 +10,7 @@ from api import anchors, auth, discover, entries, federation, ops, transfers, tr
 from api.errors import error_response
 from api.framing import with_framing_checks
 from api.http import Deps, fresh_request_id, new_request_id
+from api.observe import install
 from registry.errors import Invalid, MethodNotAllowed, NotFound, RegistryError, TooLarge
 
 
@@ -37,6 +38,7 @@ def create_app(dependencies: Deps) -> QuartTrio:
     )
     app.config["PROVIDE_AUTOMATIC_OPTIONS"] = False
     app.deps = dependencies  # type: ignore[attr-defined]
+    install(app, dependencies.metrics, access_log=dependencies.config.logging.access)
     _register_routes(app)
 
     @app.errorhandler(HTTPException)

@@ -18,11 +18,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import trio
-from quart import Response, current_app, has_request_context, request, websocket
+from quart import Response, current_app, g, has_request_context, request, websocket
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from actors.ratelimiter import RateLimiter
 from api.errors import body_unread, error_response, mark_body_read
+from api.metrics import Metrics
 from registry import canonical
 from registry.caches import FollowedCache
 from registry.config import Config
@@ -53,6 +54,7 @@ class Deps:
     limiter: RateLimiter
     config: Config
     caches: list[FollowedCache[Any, Any]]
+    metrics: Metrics
     attestations: Attestations
     reports: Reports
     bonds: Bonds
@@ -203,6 +205,7 @@ def endpoint(
         async def route(**kwargs: Any) -> Response:
             ctx = Ctx(new_request_id())
             d = deps()
+            g.rate_class = klass  # what a 429 is counted under (api/observe.py)
             try:
                 limit = getattr(d.config.limits, body_limit) if body_limit else 0
                 declared = request.headers.get("Content-Length")
@@ -236,6 +239,7 @@ def endpoint(
                     # budget, so signing in as new keys never buys an address more writes.
                     by_address = d.limiter.acquire("write_address", address)
                     if not by_address.allowed:
+                        g.rate_class = "write_address"
                         raise RateLimited(
                             "write rate limit exceeded for this client address",
                             retry_after=by_address.retry_after,
@@ -262,6 +266,8 @@ def endpoint(
                     await _drain(limit, ctx)
                 response = error_response(exc, ctx.request_id)
             response.headers["X-Request-Id"] = ctx.request_id
+            if ctx.principal is not None:
+                g.principal = ctx.principal.did  # for the access log
             if body_unread():
                 # Answered before reading the body (or an operation that takes none got one):
                 # the rest of it may still be on the wire, so this connection cannot carry

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import trio
+from prometheus_client import CONTENT_TYPE_LATEST
 from quart import Response, current_app
 from quart_trio import QuartTrio
 
 from api.http import Ctx, deps, dumps, endpoint, json_response
 from api.openapi import documented, ok, openapi_document
-from registry.errors import RegistryError
+from registry.errors import RegistryError, Unauthorized
 from registry.store.migrate import load_migrations
 
 
@@ -86,6 +87,26 @@ def register(app: QuartTrio) -> None:
         status = _status(checks)
         log_head = await deps().store.log_head()
         return json_response(dumps({"status": status, "checks": checks, "logHead": log_head}))
+
+    @app.get("/metrics")
+    @endpoint("read", auth="optional")
+    @documented(
+        "This process's metrics, Prometheus text format (an admin session unless metrics.open)",
+        ok={
+            "200": {
+                "description": "Prometheus text format 0.0.4",
+                "content": {"text/plain": {"schema": {"type": "string"}}},
+            }
+        },
+        errors={"401": "metrics.open is off and no session was given", "403": "not admin"},
+    )
+    async def metrics(ctx: Ctx) -> Response:
+        d = deps()
+        if not d.config.metrics.open:
+            if ctx.principal is None:
+                raise Unauthorized("metrics need an admin session", code="session_missing")
+            ctx.principal.require("admin")
+        return Response(d.metrics.exposition(), content_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/openapi.json")
     @endpoint("read")

@@ -65,6 +65,9 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
+        access = getattr(record, "access", None)  # an access-log line: its fields as members
+        if isinstance(access, dict):
+            line.update(access)
         if record.exc_info:
             line["exc"] = self.formatException(record.exc_info)
         return json.dumps(line, ensure_ascii=False)

@@ -76,12 +76,17 @@ class FollowedCache(Generic[K, V]):
         self.bytes = 0
         self.epoch = 0
         self.enabled = False
+        self.hits = 0
+        self.misses = 0
 
     def get(self, key: K) -> V | None:
         if not self.enabled:
             return None
         value = self._items.get(key)
-        if value is not None:
+        if value is None:
+            self.misses += 1
+        else:
+            self.hits += 1
             self._items.move_to_end(key)
         return value
 
@@ -138,6 +143,8 @@ class FollowedCache(Generic[K, V]):
             "bytes": self.bytes,
             "epoch": self.epoch,
             "enabled": int(self.enabled),
+            "hits": self.hits,
+            "misses": self.misses,
         }
 
 

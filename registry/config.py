@@ -238,6 +238,13 @@ class EventsConfig(_Section):
 class LoggingConfig(_Section):
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     format: Literal["json", "text"] = "text"
+    access: bool = True  # one line per HTTP request on the logger registry.access
+
+
+class MetricsConfig(_Section):
+    # Who may read GET /metrics: an admin session (false), or anyone who reaches it (true: put
+    # it behind a firewall or a proxy that keeps it private).
+    open: bool = False
 
 
 class Config(_Section):
@@ -250,6 +257,7 @@ class Config(_Section):
     federation: FederationConfig = Field(default_factory=FederationConfig)
     events: EventsConfig = Field(default_factory=EventsConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
 
 
 ENV_PREFIX = "REGISTRY_"

@@ -23,6 +23,7 @@ from actors.supervisor import database_ready, supervise
 from actors.writer import Writer, run_writer
 from api.app import create_app
 from api.http import Deps
+from api.metrics import Metrics
 from registry.chain import LocalChain
 from registry.changes import ChangeLog
 from registry.coherence import Caches
@@ -42,6 +43,7 @@ from registry.usecases.federation import Federation
 from registry.usecases.sessions import Sessions
 from registry.usecases.transfers import Transfers
 from registry.usecases.trust import Attestations, Bonds, Reports
+from service.metrics import Sources, collectors
 from ws.events import EventDeps, register_events
 
 
@@ -193,7 +195,20 @@ async def open_service(
                 )
 
         nursery.start_soon(run_peers)
+        metrics = Metrics(
+            collectors(
+                Sources(
+                    writer=writer,
+                    logs=logs,
+                    caches=caches,
+                    store=store,
+                    anchoring=anchoring,
+                    federation=federation_handle,
+                )
+            )
+        )
         deps = Deps(
+            metrics=metrics,
             entries=entries,
             sessions=sessions,
             discovery=discovery,

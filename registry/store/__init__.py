@@ -174,6 +174,9 @@ class HealthStore(Protocol):
         ...
 
     async def purge_expired(self) -> dict[str, int]: ...
+    def pool_statistics(self) -> dict[str, int]:
+        """Connections `open`, `in_use` and callers `waiting` for one (empty: no pool)."""
+        ...
 
 
 class LogStore(Protocol):

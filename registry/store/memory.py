@@ -653,6 +653,9 @@ class MemoryStore:
 
     # --- health ---------------------------------------------------------------------------
 
+    def pool_statistics(self) -> dict[str, int]:
+        return {}  # no connections
+
     async def ping(self) -> None:
         await self._call(write=False)
 

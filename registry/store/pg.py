@@ -279,6 +279,9 @@ class PgStore:
 
     # --- health ---------------------------------------------------------------------------
 
+    def pool_statistics(self) -> dict[str, int]:
+        return self._pool.statistics()
+
     @_seam
     async def ping(self) -> None:
         await self._pool.fetchval("SELECT 1")

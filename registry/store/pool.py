@@ -39,6 +39,7 @@ class LeanPool:
         self._all: set[asyncpg.Connection] = set()
         self._slots = asyncio.Semaphore(max_size)
         self._closed = False
+        self._waiting = 0  # callers of `take` waiting for a slot
 
     async def open(self) -> LeanPool:
         try:
@@ -68,7 +69,11 @@ class LeanPool:
         """A connection for the caller alone until `give_back` (or `discard`)."""
         if self._closed:
             raise asyncpg.InterfaceError("the pool is closed")
-        await self._slots.acquire()
+        self._waiting += 1
+        try:
+            await self._slots.acquire()
+        finally:
+            self._waiting -= 1
         try:
             while self._idle:
                 conn = self._idle.pop()
@@ -79,6 +84,14 @@ class LeanPool:
         except BaseException:
             self._slots.release()
             raise
+
+    def statistics(self) -> dict[str, int]:
+        """Connections open, in use (taken, not given back) and callers waiting for one."""
+        return {
+            "open": len(self._all),
+            "in_use": len(self._all) - len(self._idle),
+            "waiting": self._waiting,
+        }
 
     def give_back(self, conn: asyncpg.Connection) -> None:
         if self._closed or conn.is_closed() or conn.is_in_transaction():

@@ -1,0 +1,73 @@
+"""What each request leaves for operators: one access-log line and its metrics.
+
+Every HTTP request that reaches the app (routed or not: a 404 for an unknown path is a request
+too) is timed from the moment the app sees it to its response, and then:
+
+* **logged** on `registry.access` at INFO (when `logging.access` is on), one line: the request
+  id, method, route template (never the raw path or the query), status, duration, response
+  bytes, client address, the principal's DID when signed in, and whether it was an idempotent
+  replay. Never a token, cookie, signature, key or body: none of them is read here. In the
+  JSON log format these are the line's members; in the text format, `key=value` pairs.
+* **counted** in `Metrics`: a duration histogram by route template, method and status class;
+  refusals by rate limit, by bucket class; idempotent replays by route.
+
+Requests refused before the app (a malformed frame answered by `api/framing.py`, a connection
+refused by `ws/transport.py`) and WebSocket connections are not requests of the app: they have
+their own counters (`ws/transport.py`, the event stream's).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from quart import Response, g, request
+from quart_trio import QuartTrio
+
+from api.http import client_address, deps
+from api.metrics import UNROUTED, Metrics
+
+ACCESS = logging.getLogger("registry.access")
+
+
+def install(app: QuartTrio, metrics: Metrics, *, access_log: bool) -> None:
+    """Time, log and count every request of `app`."""
+
+    @app.before_request
+    async def started() -> None:
+        g.started = time.perf_counter()
+
+    @app.after_request
+    async def finished(response: Response) -> Response:
+        seconds = time.perf_counter() - g.get("started", time.perf_counter())
+        route = request.url_rule.rule if request.url_rule is not None else UNROUTED
+        status = response.status_code
+        replayed = response.headers.get("Idempotent-Replayed") == "true"
+        metrics.requests.labels(route, request.method, f"{status // 100}xx").observe(seconds)
+        if status == 429:
+            metrics.rate_limited.labels(g.get("rate_class", "unknown")).inc()
+        if replayed:
+            metrics.replays.labels(route).inc()
+        if access_log and ACCESS.isEnabledFor(logging.INFO):
+            _log(response, route, status, seconds, replayed)
+        return response
+
+
+def _log(response: Response, route: str, status: int, seconds: float, replayed: bool) -> None:
+    fields: dict[str, object] = {
+        "requestId": response.headers.get("X-Request-Id", ""),
+        "method": request.method,
+        "route": route,
+        "status": status,
+        "ms": round(seconds * 1000, 2),
+        "bytes": response.content_length or 0,
+        "client": client_address(deps().config),
+    }
+    principal = g.get("principal")
+    if principal is not None:
+        fields["principal"] = principal
+    if replayed:
+        fields["replayed"] = True
+    ACCESS.info(
+        " ".join(f"{key}={value}" for key, value in fields.items()), extra={"access": fields}
+    )

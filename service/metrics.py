@@ -1,0 +1,181 @@
+"""The service's metrics read at scrape time from its actors' state (`api/metrics.py` serves them).
+
+Nothing here is counted per event: each family is read from what the writer, the log actor, the
+caches, the store's pool, the peer actors and the anchoring supervisor keep anyway, when
+Prometheus asks. Each process serves its own (Prometheus scrapes every process); the peers and
+the anchoring are reported by the process that leads them (the others report none).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from actors.anchoring import AnchoringHandle
+from actors.federation import FederationHandle
+from actors.log import LogHandle
+from actors.writer import Writer
+from registry.coherence import Caches
+from registry.store import HealthStore
+
+BREAKER_STATES = ("closed", "open", "half_open")
+
+
+@dataclass(frozen=True)
+class Sources:
+    writer: Writer
+    logs: LogHandle
+    caches: Caches
+    store: HealthStore
+    anchoring: AnchoringHandle
+    federation: FederationHandle
+
+
+def collectors(s: Sources) -> list[Callable[[], Iterable[Metric]]]:
+    return [
+        lambda: _writer(s),
+        lambda: _log(s),
+        lambda: _caches(s),
+        lambda: _pool(s),
+        lambda: _peers(s),
+        lambda: _anchoring(s),
+    ]
+
+
+def _counter(name: str, text: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(name, text, value=value)
+
+
+def _gauge(name: str, text: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, text, value=value)
+
+
+def _writer(s: Sources) -> Iterable[Metric]:
+    stats = s.writer.statistics()
+    yield _counter("registry_writer_batches", "Batches the writer committed", stats["batches"])
+    yield _counter(
+        "registry_writer_changes",
+        "Changes in those batches (changes / batches: the mean batch size)",
+        stats["changes"],
+    )
+    yield _gauge(
+        "registry_writer_largest_batch", "The largest batch so far", stats["largest_batch"]
+    )
+    yield _gauge("registry_writer_queued", "Changes waiting for the next batch", stats["queued"])
+    yield _gauge(
+        "registry_writer_failing",
+        "1 while the database refuses writes (read-only, full), else 0",
+        int(s.writer.condition() is not None),
+    )
+
+
+def _log(s: Sources) -> Iterable[Metric]:
+    stats = s.logs.statistics()
+    yield _gauge("registry_log_head", "The log position this process has read up to", stats.head)
+    yield _gauge(
+        "registry_log_connected", "1 while the log actor listens for new records", stats.connected
+    )
+    yield _counter("registry_log_records_read", "Log records this process read", stats.records_read)
+    yield _gauge(
+        "registry_event_subscribers",
+        "Subscriptions to the log (event sockets, the cache keeper)",
+        stats.subscribers,
+    )
+    yield _counter(
+        "registry_event_subscribers_dropped_slow",
+        "Subscriptions closed because they fell behind their queue",
+        stats.dropped_slow,
+    )
+
+
+def _caches(s: Sources) -> Iterable[Metric]:
+    hits = CounterMetricFamily("registry_cache_hits", "Cache lookups answered", labels=["cache"])
+    misses = CounterMetricFamily("registry_cache_misses", "Cache lookups missed", labels=["cache"])
+    size = GaugeMetricFamily("registry_cache_items", "Items cached", labels=["cache"])
+    held = GaugeMetricFamily("registry_cache_bytes", "Bytes cached (as weighed)", labels=["cache"])
+    for name, cache in (
+        ("entries", s.caches.entries),
+        ("sessions", s.caches.sessions),
+        ("discovery", s.caches.results),
+    ):
+        stats = cache.statistics()
+        hits.add_metric([name], stats["hits"])
+        misses.add_metric([name], stats["misses"])
+        size.add_metric([name], stats["size"])
+        held.add_metric([name], stats["bytes"])
+    yield from (hits, misses, size, held)
+    yield _gauge("registry_cache_live", "1 while the caches follow the log live", s.caches.enabled)
+
+
+def _pool(s: Sources) -> Iterable[Metric]:
+    stats = s.store.pool_statistics()
+    if not stats:
+        return
+    yield _gauge("registry_db_connections_open", "Database connections open", stats["open"])
+    yield _gauge("registry_db_connections_in_use", "Database connections in use", stats["in_use"])
+    yield _gauge(
+        "registry_db_connections_waiting",
+        "Callers waiting for a database connection",
+        stats["waiting"],
+    )
+
+
+def _peers(s: Sources) -> Iterable[Metric]:
+    states = s.federation.live()
+    label = ["peer"]
+    breaker = GaugeMetricFamily(
+        "registry_peer_breaker_state",
+        "1 for the breaker's state of each peer",
+        labels=["peer", "state"],
+    )
+    failures = GaugeMetricFamily(
+        "registry_peer_consecutive_failures", "Failed pulls in a row", labels=label
+    )
+    cursor = GaugeMetricFamily(
+        "registry_peer_cursor", "The peer's log position imported up to", labels=label
+    )
+    lag = GaugeMetricFamily(
+        "registry_peer_lag", "Log positions the cursor is behind the peer's head", labels=label
+    )
+    latency = GaugeMetricFamily(
+        "registry_peer_latency_seconds", "Moving average of a pull's latency", labels=label
+    )
+    quarantines = CounterMetricFamily(
+        "registry_peer_quarantines", "Entries of the peer refused into quarantine", labels=label
+    )
+    success = GaugeMetricFamily(
+        "registry_peer_last_success_timestamp_seconds",
+        "When a pull last succeeded",
+        labels=label,
+    )
+    for did, state in sorted(states.items()):
+        for name in BREAKER_STATES:
+            breaker.add_metric([did, name], int(state.breaker.state == name))
+        failures.add_metric([did], state.breaker.consecutive_failures)
+        cursor.add_metric([did], state.cursor)
+        lag.add_metric([did], state.lag)
+        if state.breaker.latency.value_ms is not None:
+            latency.add_metric([did], state.breaker.latency.value_ms / 1000)
+        quarantines.add_metric([did], state.quarantines)
+        if state.breaker.last_success_at_ms is not None:
+            success.add_metric([did], state.breaker.last_success_at_ms / 1000)
+    yield from (breaker, failures, cursor, lag, latency, quarantines, success)
+    yield _gauge(
+        "registry_federation_leader",
+        "1 in the process that pulls from the peers",
+        s.federation.leader,
+    )
+
+
+def _anchoring(s: Sources) -> Iterable[Metric]:
+    stats = s.anchoring.stats
+    yield _gauge("registry_anchoring_leader", "1 in the process that anchors", stats.leader)
+    yield _counter("registry_anchor_batches", "Batches claimed and submitted", stats.batches)
+    yield _counter("registry_anchor_confirmed", "Intents confirmed final", stats.confirmed)
+    yield _counter("registry_anchor_requeued", "Intents back to pending", stats.requeued)
+    yield _counter("registry_anchor_failed", "Intents whose attempts ran out", stats.failed)
+    yield _counter(
+        "registry_anchor_chain_errors", "Calls to the chain that failed", stats.chain_errors
+    )

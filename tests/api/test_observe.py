@@ -1,0 +1,149 @@
+"""What operators watch: `GET /metrics` and the access log, after a scripted workload."""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from cli.main import JsonFormatter
+from registry.keys import SigningKey
+from tests.api.api_support import anon_client, error_of, with_harness
+from tests.conftest import Harness, make_config
+from tests.helpers import bearer, sign_in, signed_entry
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of a Prometheus text exposition, by name and sorted labels."""
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+class Captured(logging.Handler):
+    """Every record of the access logger, formatted as `registry serve --log-format json` does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.setFormatter(JsonFormatter())
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(self.format(record))
+
+
+@pytest.fixture
+def access_log() -> Any:
+    handler = Captured()
+    logger = logging.getLogger("registry.access")
+    logger.addHandler(handler)
+    old = logger.level
+    logger.setLevel(logging.INFO)
+    yield handler
+    logger.removeHandler(handler)
+    logger.setLevel(old)
+
+
+async def test_metrics_need_an_admin_session_unless_open(database_url: str, tmp_path: Path) -> None:
+    admin = SigningKey.generate()
+    config = make_config(database_url, tmp_path, auth={"admin_dids": [admin.did]})
+
+    async def body(h: Harness) -> None:
+        client = anon_client(h)
+        await error_of(await client.get("/metrics"), 401, "session_missing")
+        token = await sign_in(h.client, SigningKey.generate())
+        await error_of(
+            await client.get("/metrics", headers=bearer(token)), 403, "capability_missing"
+        )
+        token = await sign_in(h.client, admin)
+        r = await client.get("/metrics", headers=bearer(token))
+        assert r.status_code == 200
+        assert r.headers["Content-Type"].startswith("text/plain")
+        assert ("registry_log_head", ()) in samples((await r.get_data()).decode())
+
+    await with_harness(config, body)
+    config = make_config(database_url, tmp_path, metrics={"open": True})
+
+    async def open_body(h: Harness) -> None:
+        assert (await anon_client(h).get("/metrics")).status_code == 200
+
+    await with_harness(config, open_body)
+
+
+async def test_a_workload_shows_in_the_metrics_and_the_access_log(
+    database_url: str, tmp_path: Path, access_log: Captured
+) -> None:
+    """A create, its replay, a 429 and an unknown path: the series and the log lines say so,
+    and no secret of any request reaches the log."""
+    admin = SigningKey.generate()
+    config = make_config(
+        database_url,
+        tmp_path,
+        auth={"admin_dids": [admin.did]},
+        limits={"query_per_minute": 1},
+    )
+
+    async def body(h: Harness) -> None:
+        client = anon_client(h)
+        key = SigningKey.generate()
+        token = await sign_in(h.client, key)
+        marker = f"secret-body-{uuid.uuid4()}"
+        entry = signed_entry(key, description=marker)
+        headers = bearer(token, **{"Idempotency-Key": f"k-{uuid.uuid4()}"})
+        headers["Cookie"] = f"registry_session={token}"
+        for _ in range(2):  # the second is a replay
+            assert (
+                await client.post("/v1/entries", json=entry, headers=headers)
+            ).status_code == 201
+        assert (await client.post("/v1/discover", json={})).status_code == 200
+        assert (await client.post("/v1/discover", json={})).status_code == 429
+        assert (await client.get("/v1/nowhere/" + marker)).status_code == 404
+        admin_token = await sign_in(h.client, admin)
+        r = await client.get("/metrics", headers=bearer(admin_token))
+        got = samples((await r.get_data()).decode())
+
+        def value(name: str, **labels: str) -> float:
+            return got[(name, tuple(sorted(labels.items())))]
+
+        created = {"route": "/v1/entries", "method": "POST", "status": "2xx"}
+        assert value("registry_http_request_duration_seconds_count", **created) == 2
+        assert value("registry_idempotent_replays_total", route="/v1/entries") == 1
+        assert value("registry_rate_limited_total", bucket="query") == 1
+        unrouted = {"route": "unrouted", "method": "GET", "status": "4xx"}
+        assert value("registry_http_request_duration_seconds_count", **unrouted) == 1
+        assert value("registry_writer_batches_total") >= 1
+        assert value("registry_writer_changes_total") >= 1
+        assert value("registry_log_head") >= 1
+        assert value("registry_cache_live") == 1
+        assert ("registry_cache_hits_total", (("cache", "sessions"),)) in got
+        assert value("registry_db_connections_open") >= 1
+        assert value("process_resident_memory_bytes") > 0
+        assert value("registry_anchoring_leader") in (0, 1)
+
+        lines = [json.loads(line) for line in access_log.lines]
+        assert all(line["logger"] == "registry.access" for line in lines)
+        posts = [line for line in lines if line["route"] == "/v1/entries"]
+        assert [(p["status"], p.get("replayed", False)) for p in posts] == [
+            (201, False),
+            (201, True),
+        ]
+        assert all(p["principal"] == key.did for p in posts)
+        assert all(p["method"] == "POST" and p["ms"] >= 0 and p["bytes"] > 0 for p in posts)
+        assert all(len(p["requestId"]) == 16 for p in posts)
+        assert {line["status"] for line in lines if line["route"] == "/v1/discover"} == {200, 429}
+        assert any(line["route"] == "unrouted" and line["status"] == 404 for line in lines)
+        assert len(lines) == len({line["requestId"] for line in lines})  # one line a request
+        logged = "\n".join(access_log.lines)
+        seed = base64.urlsafe_b64encode(key.seed).decode().rstrip("=")
+        secrets = [token, admin_token, marker, entry["signature"]["value"], key.seed.hex(), seed]
+        assert [s for s in secrets if s in logged] == []
+
+    await with_harness(config, body)
