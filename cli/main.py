@@ -417,7 +417,10 @@ def cmd_login(args: argparse.Namespace) -> int:
     with _client(args) as client:
         result = client.sign_in(key)
     _save_session(args.url, result)
-    print(json.dumps({k: v for k, v in result.items() if k != "sessionToken"}, indent=2))
+    if args.print_token:  # for a script, or the console: the token alone on stdout
+        print(result["sessionToken"])
+    else:
+        print(json.dumps({k: v for k, v in result.items() if k != "sessionToken"}, indent=2))
     expires = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(result["expiresAtMs"] / 1000))
     print(f"session saved to {session_file()} (until {expires})", file=sys.stderr)
     return 0
@@ -952,6 +955,12 @@ def build_parser() -> argparse.ArgumentParser:
         " watch reuse it for the same --url until it expires.",
     )
     key_flag(p, True, "key file to sign in with (required)")
+    p.add_argument(
+        "--print-token",
+        action="store_true",
+        help="print the session token alone (for a script, a scraper or the console) instead"
+        " of the session (default: off)",
+    )
     url_flag(p)
     p.set_defaults(func=cmd_login)
     p = command(

@@ -65,6 +65,16 @@ def test_login_saves_the_session_0600_and_delete_reuses_it(cli: Cli) -> None:
     assert {s["did"] for s in _saved(cli)} == {key.did, other.did}
 
 
+def test_login_prints_the_token_alone_for_scripts(cli: Cli) -> None:
+    path, key = _key(cli)
+    token = cli.ok("login", "--key", path, "--print-token").stdout.strip()
+    (saved,) = _saved(cli)
+    assert token == saved["sessionToken"]
+    assert cli.url is not None
+    with RegistryClient(cli.url, token=token) as client:
+        assert client.session()["signerDid"] == key.did
+
+
 def test_publish_update_delete_use_the_saved_session_instead_of_signing_in(
     cli: Cli, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
