@@ -699,9 +699,8 @@ def cmd_peers(args: argparse.Namespace) -> int:
                 )
                 for p in peers
             ]
-    if args.json:
-        for row in table[1:]:
-            print(json.dumps(dict(zip(header, row, strict=True)), ensure_ascii=False))
+    if args.json:  # what the API answered: its field names, numbers as numbers
+        print(json.dumps(rows if args.status else peers, ensure_ascii=False, indent=2))
         return 0
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     for row in table:
@@ -739,7 +738,10 @@ def cmd_watch(args: argparse.Namespace) -> int:
     )
 
     def out(line: str) -> None:
-        print(line, flush=True)
+        try:
+            print(line, flush=True)
+        except BrokenPipeError:  # the reader went away: stop, do not reconnect
+            raise OutputClosed from None
 
     try:
         trio.run(Watcher(options, out).run)
@@ -795,14 +797,26 @@ def explain(exc: BaseException, args: argparse.Namespace) -> tuple[str, int]:
     raise exc
 
 
+def _grant(capability: str) -> str:
+    """How an operator gives a DID `capability` (the registry's configuration says it)."""
+    if capability == "admin":
+        return (
+            "the registry grants admin to the DIDs of `auth.admin_dids` in its configuration;"
+            " add this key's DID there, reload it (SIGHUP) or restart, and sign in again"
+        )
+    return (
+        f"the registry grants {capability!r} to every session by `auth.default_capabilities`;"
+        " add it there and sign in again"
+    )
+
+
 def _client_error(exc: RegistryClientError, url: str, did: str | None) -> str:
     if exc.code is None:
         return f"{url} answered HTTP {exc.status}, which is not a registry answer; check --url"
     line = f"{exc.status} {exc.code}: {_one_line(exc.message)}"
     hints = {
         "session_invalid": "sign in again with `registry login --key FILE`",
-        "capability_missing": "this key's session lacks the capability"
-        f" {exc.details.get('capability', '')}".rstrip(),
+        "capability_missing": _grant(str(exc.details.get("capability", ""))),
         "publisher_mismatch": "only the entry's publisher (or an admin) may change it: check --key",
     }
     if exc.code in hints:
@@ -1123,14 +1137,35 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class OutputClosed(Exception):
+    """The reader of standard output went away (`registry watch ... | head -1`)."""
+
+
+def _output_closed(exc: BaseException) -> bool:
+    return any(isinstance(e, BrokenPipeError | OutputClosed) for e in _leaves(exc))
+
+
+def _quiet_stdout() -> None:
+    """Point standard output at /dev/null, so that the interpreter's last flush of what is
+    still buffered cannot fail on the closed pipe again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     debug = bool(getattr(args, "debug", False))
     try:
-        return int(args.func(args))
+        status = int(args.func(args))
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
+        return status
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except Exception as exc:
+        if _output_closed(exc):  # a reader that stops early is not an error of the command
+            _quiet_stdout()
+            return 0
         if debug:
             traceback.print_exc()
         try:

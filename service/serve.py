@@ -150,7 +150,8 @@ async def _watch_signals(stop: trio.Event) -> None:
 
 async def _watch_reloads(reload: Callable[[], Config], service: Service) -> None:
     """SIGHUP: read the configuration again and apply what can change while running (the
-    federation peers); anything else needs a restart. A bad file is logged and ignored."""
+    federation peers, `auth.admin_dids`); anything else needs a restart. A bad file is logged
+    and ignored."""
     with trio.open_signal_receiver(signal.SIGHUP) as signals:
         async for _ in signals:
             try:
@@ -161,11 +162,14 @@ async def _watch_reloads(reload: Callable[[], Config], service: Service) -> None
             before = {p.peer_did for p in service.federation.peers}
             after = {p.peer_did for p in fresh.federation.peers}
             service.federation.reconfigure(fresh.federation.peers)
+            service.deps.sessions.admin_dids = tuple(fresh.auth.admin_dids)
             log.info(
-                "configuration reloaded: %d federation peer(s) (%d added, %d removed)",
+                "configuration reloaded: %d federation peer(s) (%d added, %d removed),"
+                " %d admin DID(s) (granted at the next sign-in)",
                 len(after),
                 len(after - before),
                 len(before - after),
+                len(fresh.auth.admin_dids),
             )
 
 

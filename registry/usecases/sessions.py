@@ -46,6 +46,8 @@ class Sessions:
         self.identity = identity
         self.sessions = cache  # token hash → session
         self.clock_ms = clock_ms
+        # Granted `admin` at sign-in; a configuration reload (SIGHUP) may change them.
+        self.admin_dids = tuple(config.auth.admin_dids)
 
     @property
     def did(self) -> str:
@@ -101,7 +103,7 @@ class Sessions:
             capabilities=capabilities_for(
                 signer.did,
                 defaults=auth.default_capabilities,
-                admin_dids=auth.admin_dids,
+                admin_dids=list(self.admin_dids),
                 federation_dids=[*auth.federation_dids, *self.peer_dids()],
             ),
             expires_at_ms=expires,

@@ -54,6 +54,7 @@ def run_server(
     extra_env: dict[str, str] | None = None,
     ready_s: float = 60,
     port: int | None = None,
+    config: Path | None = None,
 ) -> Iterator[Server]:
     port = port or free_port()
     log = data_dir / f"server-{port}.log"
@@ -83,6 +84,8 @@ def run_server(
     ]
     if database_url:
         args += ["--database-url", database_url]
+    if config is not None:
+        args += ["--config", str(config)]
     with log.open("wb") as out:
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env)
     server = Server(proc, f"http://127.0.0.1:{port}", log)

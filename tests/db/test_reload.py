@@ -1,0 +1,38 @@
+"""SIGHUP reloads what can change while running: here `auth.admin_dids`."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+from cli.client import RegistryClient
+from registry.keys import SigningKey
+from tests.db.proc import run_server
+
+DEADLINE_S = 30
+
+
+def _capabilities(url: str, key: SigningKey) -> list[str]:
+    with RegistryClient(url) as client:
+        return list(client.sign_in(key).get("capabilities", []))
+
+
+def test_an_admin_added_to_the_file_is_granted_at_the_next_sign_in_after_sighup(
+    database_url: str, tmp_path: Path
+) -> None:
+    key = SigningKey.generate()
+    config = tmp_path / "registry.toml"
+    config.write_text("[auth]\nadmin_dids = []\n")
+    with run_server(tmp_path / "node", database_url=database_url, config=config) as server:
+        assert "admin" not in _capabilities(server.url, key)
+        config.write_text(f'[auth]\nadmin_dids = ["{key.did}"]\n')
+        server.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + DEADLINE_S
+        while "1 admin DID(s)" not in server.output():
+            assert time.monotonic() < deadline, server.output()
+            time.sleep(0.05)
+        assert "admin" in _capabilities(server.url, key)
+        with RegistryClient(server.url) as client:
+            client.sign_in(key)
+            assert client._request("GET", "/v1/health/deep")["status"] in ("ok", "degraded")
