@@ -320,3 +320,45 @@ def load_config(
         raise ConfigError(
             "invalid configuration" + source + ":\n  " + "\n  ".join(problems)
         ) from None
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str | Path):
+        return json.dumps(str(value), ensure_ascii=False)  # a TOML basic string
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(item) for item in value) + "]"
+    raise TypeError(f"no TOML form for {value!r}")
+
+
+def sample_toml() -> str:
+    """Every key of every section with its default, as a configuration file
+    (`deploy/registry.toml`; regenerate it with `python -m registry.config`)."""
+    defaults = Config()
+    lines = [
+        "# registry.toml: every key with its default. docs/configuration.md says what each means;",
+        "# REGISTRY_<SECTION>__<KEY> variables and command-line flags override this file.",
+        "# Generated from registry/config.py by `python -m registry.config` (a test compares).",
+    ]
+    for section in Config.model_fields:
+        values = getattr(defaults, section)
+        lines += ["", f"[{section}]"]
+        for key in type(values).model_fields:
+            value = getattr(values, key)
+            if section == "federation" and key == "peers":
+                lines += [
+                    "# peers: one [[federation.peers]] table each (docs/federation.md), e.g.",
+                    '#   [[federation.peers]]',
+                    '#   peer_did = "did:key:z6Mk..."',
+                    '#   endpoint = "https://peer.example"',
+                ]
+                continue
+            lines.append(f"{key} = {_toml_value(value)}")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(sample_toml(), end="")
