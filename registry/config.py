@@ -351,7 +351,7 @@ def sample_toml() -> str:
             if section == "federation" and key == "peers":
                 lines += [
                     "# peers: one [[federation.peers]] table each (docs/federation.md), e.g.",
-                    '#   [[federation.peers]]',
+                    "#   [[federation.peers]]",
                     '#   peer_did = "did:key:z6Mk..."',
                     '#   endpoint = "https://peer.example"',
                 ]

@@ -19,12 +19,14 @@ from actors.log import LogHandle
 from actors.writer import Writer
 from registry.coherence import Caches
 from registry.store import HealthStore
+from ws.events import EventDeps
 
 BREAKER_STATES = ("closed", "open", "half_open")
 
 
 @dataclass(frozen=True)
 class Sources:
+    events: EventDeps
     writer: Writer
     logs: LogHandle
     caches: Caches
@@ -37,6 +39,7 @@ def collectors(s: Sources) -> list[Callable[[], Iterable[Metric]]]:
     return [
         lambda: _writer(s),
         lambda: _log(s),
+        lambda: _events(s),
         lambda: _caches(s),
         lambda: _pool(s),
         lambda: _peers(s),
@@ -88,6 +91,23 @@ def _log(s: Sources) -> Iterable[Metric]:
         "Subscriptions closed because they fell behind their queue",
         stats.dropped_slow,
     )
+
+
+def _events(s: Sources) -> Iterable[Metric]:
+    yield _gauge("registry_event_sockets", "Open event sockets (/v1/events)", s.events.connections)
+    yield _counter(
+        "registry_event_messages_sent",
+        "Events handed to event sockets (replayed and live)",
+        s.events.messages_sent,
+    )
+    closes = CounterMetricFamily(
+        "registry_event_socket_closes",
+        "Event sockets closed by the server, by close code",
+        labels=["code"],
+    )
+    for code, count in sorted(s.events.closes.items()):
+        closes.add_metric([str(code)], count)
+    yield closes
 
 
 def _caches(s: Sources) -> Iterable[Metric]:

@@ -195,9 +195,18 @@ async def open_service(
                 )
 
         nursery.start_soon(run_peers)
+        event_deps = EventDeps(
+            logs=logs,
+            sessions=sessions,
+            config=config.events,
+            stopping=stopping if stopping is not None else trio.Event(),
+            limiter=limiter,
+            trusted_proxies=config.server.trusted_proxies,
+        )
         metrics = Metrics(
             collectors(
                 Sources(
+                    events=event_deps,
                     writer=writer,
                     logs=logs,
                     caches=caches,
@@ -234,17 +243,7 @@ async def open_service(
             write_condition=writer.condition,
         )
         app = create_app(deps)
-        register_events(
-            app,
-            EventDeps(
-                logs=logs,
-                sessions=sessions,
-                config=config.events,
-                stopping=stopping if stopping is not None else trio.Event(),
-                limiter=limiter,
-                trusted_proxies=config.server.trusted_proxies,
-            ),
-        )
+        register_events(app, event_deps)
         yield Service(
             config, store, app, deps, writer, logs, caches, limiter, anchoring, federation_handle
         )

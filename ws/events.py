@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, NoReturn, Protocol
@@ -88,6 +88,9 @@ class EventDeps:
     per_client: dict[str, int] = field(default_factory=dict)  # open sockets per address
     replaying: trio.CapacityLimiter | None = None  # replay pages read at once (the process)
     outage: ConditionLog = field(default_factory=lambda: ConditionLog("event subscriptions"))
+    # For /metrics: event messages handed to sockets, and sockets closed, by close code.
+    messages_sent: int = 0
+    closes: Counter[int] = field(default_factory=Counter)
 
     def __post_init__(self) -> None:
         if self.replaying is None:
@@ -172,6 +175,7 @@ class Connection:
                 except BaseException:
                     self.waiting += 1
                     raise
+                self.deps.messages_sent += 1
             outbox.popleft()
             if upto is not None:
                 self.position = upto
@@ -203,6 +207,7 @@ class Connection:
                 self._closed = True  # from here the sink hands nothing more over
                 self._send_since = trio.current_time()  # the watchdog cuts off a stuck client
                 try:
+                    self.deps.closes[code] += 1
                     with trio.move_on_after(self.deps.config.send_timeout_seconds):
                         await self._send_outbox()  # the events before the resume point first
                         text = reason if isinstance(reason, str) else reason()
@@ -632,6 +637,8 @@ class EventSink:
         outcome = self.writer.put(
             rendered[0], rendered[1], batch.at, records[-1].seq, bounded=bounded
         )
+        if outcome == "ok":
+            connection.deps.messages_sent += rendered[1]
         if outcome == "gone":
             self.ended = "gone"
         return outcome
@@ -657,6 +664,7 @@ class EventSink:
                 if put == "gone":
                     self.ended = "gone"
                 return put
+            connection.deps.messages_sent += len(texts)
         if lapsed:
             self.ended = "lapsed"
             return "gone"
@@ -717,10 +725,12 @@ def register_events(app: QuartTrio, deps: EventDeps) -> None:
             if connection.stream is not None:
                 connection.stream.websocket = True  # upgraded: its writes are frames now
         if deps.connections >= deps.config.max_connections:
+            deps.closes[CLOSE_TRY_LATER] += 1
             await sock.close(CLOSE_TRY_LATER, "too many event subscribers; try again later")
             return
         client = connection.client = _client_address(deps.trusted_proxies)
         if deps.per_client.get(client, 0) >= deps.config.max_connections_per_client:
+            deps.closes[CLOSE_TRY_LATER] += 1
             await sock.close(CLOSE_TRY_LATER, "too many event sockets from this address")
             return
         deps.connections += 1
@@ -731,6 +741,7 @@ def register_events(app: QuartTrio, deps: EventDeps) -> None:
                 try:
                     connection.principal = await deps.sessions.authenticate(token)
                 except RegistryError:
+                    deps.closes[CLOSE_UNAUTHORIZED] += 1
                     await sock.close(CLOSE_UNAUTHORIZED, "session missing, expired or unknown")
                     return
             await connection.run()

@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from cli.main import JsonFormatter
 from registry.keys import SigningKey
 from tests.api.api_support import anon_client, error_of, with_harness
+from tests.api.test_events import closed_with, events, subscribe
 from tests.conftest import Harness, make_config
 from tests.helpers import bearer, sign_in, signed_entry
 
@@ -106,6 +107,12 @@ async def test_a_workload_shows_in_the_metrics_and_the_access_log(
         assert (await client.post("/v1/discover", json={})).status_code == 200
         assert (await client.post("/v1/discover", json={})).status_code == 429
         assert (await client.get("/v1/nowhere/" + marker)).status_code == 404
+        async with client.websocket("/v1/events") as ws:  # one event reaches a subscriber
+            await subscribe(ws, fromSequence=0, kinds=["entry.created"])
+            await events(ws, 1)
+        bad = {"Authorization": "Bearer forged"}
+        async with client.websocket("/v1/events", headers=bad) as ws:
+            assert await closed_with(ws) == 4401
         admin_token = await sign_in(h.client, admin)
         r = await client.get("/metrics", headers=bearer(admin_token))
         got = samples((await r.get_data()).decode())
@@ -127,6 +134,9 @@ async def test_a_workload_shows_in_the_metrics_and_the_access_log(
         assert value("registry_db_connections_open") >= 1
         assert value("process_resident_memory_bytes") > 0
         assert value("registry_anchoring_leader") in (0, 1)
+        assert value("registry_event_socket_closes_total", code="4401") == 1
+        assert value("registry_event_messages_sent_total") >= 1  # the event, at least
+        assert value("registry_event_sockets") == 0
 
         lines = [json.loads(line) for line in access_log.lines]
         assert all(line["logger"] == "registry.access" for line in lines)
