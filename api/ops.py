@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import trio
 from prometheus_client import CONTENT_TYPE_LATEST
 from quart import Response, current_app
@@ -11,6 +13,18 @@ from api.http import Ctx, deps, dumps, endpoint, json_response
 from api.openapi import documented, ok, openapi_document
 from registry.errors import RegistryError, Unauthorized
 from registry.store.migrate import load_migrations
+from registry.usecases.common import Principal
+
+QUARANTINED_SHOWN = 20  # per peer, in the overview
+
+
+async def _deep_health(principal: Principal) -> dict[str, Any]:
+    principal.require("admin")
+    checks = await _checks()
+    if checks.get("database") == "ok":
+        checks["federation"] = await deps().federation.health()
+    log_head = await deps().store.log_head()
+    return {"status": _status(checks), "checks": checks, "logHead": log_head}
 
 
 async def _checks() -> dict[str, str]:
@@ -80,13 +94,24 @@ def register(app: QuartTrio) -> None:
     )
     async def deep_health(ctx: Ctx) -> Response:
         assert ctx.principal is not None
-        ctx.principal.require("admin")
-        checks = await _checks()
-        if checks.get("database") == "ok":
-            checks["federation"] = await deps().federation.health()
-        status = _status(checks)
-        log_head = await deps().store.log_head()
-        return json_response(dumps({"status": status, "checks": checks, "logHead": log_head}))
+        return json_response(dumps(await _deep_health(ctx.principal)))
+
+    @app.get("/v1/admin/overview")
+    @endpoint("read", auth="required")
+    @documented(
+        "The registry at a glance (admin): deep health, the log head, every peer's sync status"
+        " with its latest quarantined entries, the anchoring backlog",
+        ok={"200": ok("Overview")},
+        errors={"403": "not admin"},
+    )
+    async def overview(ctx: Ctx) -> Response:
+        assert ctx.principal is not None
+        d = deps()
+        body = await _deep_health(ctx.principal)
+        body["registryDid"] = d.registry_did
+        body["peers"] = await d.federation.statuses(ctx.principal, quarantined=QUARANTINED_SHOWN)
+        body["anchoring"] = await d.anchors.overview(ctx.principal)
+        return json_response(dumps(body))
 
     @app.get("/metrics")
     @endpoint("read", auth="optional")

@@ -586,6 +586,51 @@ class Envelope(Response):
     signature: str
 
 
+class QuarantinedEntry(Response):
+    sequence: int  # at the peer
+    entryDid: str | None = None
+    code: str
+    reason: str
+
+
+class PeerOverview(Response):
+    """A FederationPeerStatus with the peer's latest quarantined entries."""
+
+    peerDid: str
+    breakerState: Literal["closed", "open", "half_open"]
+    consecutiveFailures: int
+    cursor: int
+    lag: int
+    latencyMs: int | None = None
+    lastSuccessAt: Time | None = None
+    nextAttemptAt: Time | None = None
+    quarantines: int
+    quarantined: list[QuarantinedEntry]
+
+
+class RecentAnchorBatch(Response):
+    batchId: int
+    state: Literal["claimed", "submitted", "confirmed", "dropped"]
+    intents: int
+    transactionId: str | None = None
+    blockHeight: int | None = None
+    anchorTime: Time | None = None
+
+
+class AnchoringOverview(Response):
+    enabled: bool
+    pending: int
+    oldestPendingAt: Time | None = None
+    batchesInFlight: int
+    recentBatches: list[RecentAnchorBatch]
+
+
+class Overview(DeepHealth):
+    registryDid: str
+    peers: list[PeerOverview]
+    anchoring: AnchoringOverview
+
+
 # Schemas that are a JSON array at the top (no model of their own).
 ARRAYS = {
     "FederationPeers": "FederationPeer",
@@ -630,6 +675,7 @@ DOCUMENT_MODELS: list[type[BaseModel]] = [
     FederationPeerStatus,
     PeerUpdate,
     Envelope,
+    Overview,
 ]
 
 

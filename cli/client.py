@@ -221,6 +221,11 @@ class RegistryClient:
         result: list[dict[str, Any]] = self._request("GET", "/v1/federation/peers")
         return result
 
+    def overview(self) -> dict[str, Any]:
+        """Deep health, log head, peers with their quarantined entries, anchoring (admin)."""
+        result: dict[str, Any] = self._request("GET", "/v1/admin/overview")
+        return result
+
     def peer_status(self) -> list[dict[str, Any]]:
         """Each peer's sync status: breaker, cursor, lag, latency, quarantines (admin)."""
         result: list[dict[str, Any]] = self._request("GET", "/v1/admin/federation/peers")

@@ -708,6 +708,64 @@ def cmd_peers(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_status(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        body = _as_principal(args, client, _key(args), client.overview)
+    if args.json:
+        print(json.dumps(body, ensure_ascii=False, indent=2))
+        return 0
+    for line in status_screen(body):
+        print(line)
+    return 0
+
+
+def status_screen(body: dict[str, Any]) -> list[str]:
+    """`registry status` as text: one block per concern, the problems first in each."""
+    checks = body.get("checks", {})
+    lines = [
+        f"registry  {body.get('registryDid', '?')}",
+        f"status    {body.get('status', '?')}   log head {body.get('logHead', '?')}",
+        "checks    " + ", ".join(f"{name} {value}" for name, value in sorted(checks.items())),
+        "",
+    ]
+    peers = body.get("peers", [])
+    if not peers:
+        lines.append("peers     none configured")
+    else:
+        lines.append(
+            "peers     PEER  BREAKER  FAILURES  CURSOR  LAG  LATENCY  LAST SUCCESS  QUARANTINED"
+        )
+        for p in peers:
+            latency = f"{p['latencyMs']}ms" if "latencyMs" in p else "-"
+            lines.append(
+                f"          {p['peerDid']}  {p['breakerState']}  {p['consecutiveFailures']}"
+                f"  {p['cursor']}  {p['lag']}  {latency}  {p.get('lastSuccessAt', '-')}"
+                f"  {p['quarantines']}"
+            )
+            for q in p.get("quarantined", []):
+                lines.append(
+                    f"            quarantined #{q['sequence']} {q.get('entryDid') or '-'}:"
+                    f" {q['code']} ({q['reason']})"
+                )
+    a = body.get("anchoring", {})
+    lines.append("")
+    if not a.get("enabled", False):
+        lines.append("anchoring off")
+    else:
+        oldest = a.get("oldestPendingAt", "-")
+        lines.append(
+            f"anchoring {a.get('pending', 0)} pending (oldest {oldest}),"
+            f" {a.get('batchesInFlight', 0)} batch(es) in flight"
+        )
+    for b in a.get("recentBatches", []):
+        where = f" tx {b['transactionId']}" if "transactionId" in b else ""
+        height = f" at height {b['blockHeight']}" if "blockHeight" in b else ""
+        lines.append(
+            f"          batch {b['batchId']}: {b['state']}, {b['intents']} intent(s){where}{height}"
+        )
+    return lines
+
+
 # --- events -------------------------------------------------------------------------------------
 
 
@@ -1080,11 +1138,27 @@ def build_parser() -> argparse.ArgumentParser:
         "for --status: the admin key file to sign in with, unless a saved session is valid"
         " (default: none)",
     )
-    p.add_argument(
-        "--json", action="store_true", help="one JSON object per line (default: a table)"
-    )
+    p.add_argument("--json", action="store_true", help="the API's JSON list (default: a table)")
     url_flag(p)
     p.set_defaults(func=cmd_peers)
+
+    p = command(
+        "status",
+        "the registry at a glance: health, log head, peers, anchoring (admin)",
+        "One screen: deep health and its checks, the log head, each peer's breaker, cursor,"
+        " lag, latency and quarantined entries, the anchoring backlog and the latest batches"
+        " (GET /v1/admin/overview). An admin's view, signed in with --key or a saved session.",
+    )
+    key_flag(
+        p,
+        False,
+        "the admin key file to sign in with, unless a saved session is valid (default: none)",
+    )
+    p.add_argument(
+        "--json", action="store_true", help="the API's JSON object (default: the screen)"
+    )
+    url_flag(p)
+    p.set_defaults(func=cmd_status)
 
     p = command(
         "verify-anchor",

@@ -98,6 +98,36 @@ class OpenBatch:
 
 
 @dataclass(frozen=True)
+class RecentBatch:
+    batch_id: int
+    state: str  # claimed | submitted | confirmed | dropped
+    transaction_id: str | None
+    block_height: int | None
+    anchor_time_ms: int | None
+    intents: int  # its members
+
+
+@dataclass(frozen=True)
+class AnchoringOverview:
+    """The anchoring backlog at a glance (the operator's overview)."""
+
+    pending: int  # intents waiting for a batch
+    oldest_pending_ms: int | None  # when the oldest of them was created
+    in_flight: int  # batches claimed or submitted, not yet settled
+    recent: tuple[RecentBatch, ...]  # the latest batches, newest first
+
+
+@dataclass(frozen=True)
+class Quarantined:
+    """An entry a peer served that failed verification (never imported)."""
+
+    origin_seq: int
+    entry_did: str | None
+    code: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class RecordRow:
     """A trust or ownership record (attestation, report, bond, offer): a versioned document."""
 
@@ -291,6 +321,9 @@ class AnchorStore(LeaderStore, Protocol):
     async def record_anchor_submission(
         self, batch_id: int, root: str, transaction_id: str
     ) -> None: ...
+    async def anchoring_overview(self, recent: int) -> AnchoringOverview:
+        """The backlog, the batches in flight and the `recent` latest batches."""
+        ...
 
 
 class FederationStore(LeaderStore, Protocol):
@@ -310,6 +343,9 @@ class FederationStore(LeaderStore, Protocol):
 
     async def get_peer(self, peer_did: str) -> PeerRow | None: ...
     async def list_peers(self) -> list[PeerRow]: ...
+    async def quarantined(self, peer_did: str, limit: int) -> list[Quarantined]:
+        """The peer's latest quarantined entries (by their sequence at the peer, newest first)."""
+        ...
 
 
 class Store(

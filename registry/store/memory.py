@@ -45,11 +45,14 @@ from registry.changes import (
 )
 from registry.errors import Unavailable
 from registry.store import (
+    AnchoringOverview,
     EntryHead,
     IntentRow,
     OpenBatch,
     PeerRow,
+    Quarantined,
     Receipt,
+    RecentBatch,
     RecordRow,
     ReplicaVersion,
     SessionRecord,
@@ -523,7 +526,8 @@ def _apply_peer_sync(
                         "seq": r["seq"],
                         "entryDid": r["entryDid"],
                         "code": "entry_from_other_origin",
-                        "reason": "another peer already replicates this entry here",
+                        "reason": "another peer already replicates this entry here:"
+                        " one origin per entry",
                         "doc": r["doc"],
                     },
                 )
@@ -853,6 +857,27 @@ class MemoryStore:
             out.append(OpenBatch(batch.batch_id, batch.root, batch.transaction_id, members))
         return out
 
+    async def anchoring_overview(self, recent: int) -> AnchoringOverview:
+        await self._call(write=False)
+        pending = [i for i in self._tables.intents.values() if i.state == "pending"]
+        batches = sorted(self._tables.batches.values(), key=lambda b: -b.batch_id)
+        return AnchoringOverview(
+            len(pending),
+            min((i.created_ms for i in pending), default=None),
+            sum(b.state in ("claimed", "submitted") for b in batches),
+            tuple(
+                RecentBatch(
+                    b.batch_id,
+                    b.state,
+                    b.transaction_id,
+                    b.block_height,
+                    b.anchor_time_ms,
+                    len(b.members),
+                )
+                for b in batches[:recent]
+            ),
+        )
+
     async def anchor_pending(self, available_at_ms: int) -> bool:
         await self._call(write=False)
         return any(
@@ -1075,6 +1100,21 @@ class MemoryStore:
     async def get_peer(self, peer_did: str) -> PeerRow | None:
         await self._call(write=False)
         return self._tables.peers.get(peer_did)
+
+    async def quarantined(self, peer_did: str, limit: int) -> list[Quarantined]:
+        await self._call(write=False)
+        mine = sorted(
+            (
+                (seq, q)
+                for (origin, seq), q in self._tables.quarantine.items()
+                if origin == peer_did
+            ),
+            key=lambda item: -item[0],
+        )
+        return [
+            Quarantined(seq, q.get("entryDid"), str(q["code"]), str(q["reason"]))
+            for seq, q in mine[:limit]
+        ]
 
     async def list_peers(self) -> list[PeerRow]:
         await self._call(write=False)

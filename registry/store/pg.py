@@ -36,11 +36,14 @@ from registry.changes import (
 from registry.errors import Invalid, Unavailable
 from registry.query import RegistryQuery
 from registry.store import (
+    AnchoringOverview,
     EntryHead,
     IntentRow,
     OpenBatch,
     PeerRow,
+    Quarantined,
     Receipt,
+    RecentBatch,
     RecordRow,
     ReplicaVersion,
     SessionRecord,
@@ -468,6 +471,41 @@ class PgStore:
         return out
 
     @_seam
+    async def anchoring_overview(self, recent: int) -> AnchoringOverview:
+        async with self._pool.acquire() as conn:
+            pending = await conn.fetchval("SELECT count(*) FROM anchor_queue")
+            oldest = await conn.fetchval(
+                "SELECT epoch_ms(i.created_at) FROM anchor_queue q"
+                " JOIN anchor_intents i USING (intent_id) ORDER BY q.sequence LIMIT 1"
+            )
+            in_flight = await conn.fetchval(
+                "SELECT count(*) FROM anchor_batches WHERE state IN ('claimed', 'submitted')"
+            )
+            rows = await conn.fetch(
+                "SELECT b.batch_id, b.state, b.transaction_id, b.block_height,"
+                " epoch_ms(b.anchor_time) AS anchor_ms,"
+                " (SELECT count(*) FROM anchor_receipts r WHERE r.batch_id = b.batch_id) AS n"
+                " FROM anchor_batches b ORDER BY b.batch_id DESC LIMIT $1",
+                recent,
+            )
+        return AnchoringOverview(
+            pending,
+            oldest,
+            in_flight,
+            tuple(
+                RecentBatch(
+                    r["batch_id"],
+                    r["state"],
+                    r["transaction_id"],
+                    r["block_height"],
+                    r["anchor_ms"],
+                    r["n"],
+                )
+                for r in rows
+            ),
+        )
+
+    @_seam
     async def anchor_pending(self, available_at_ms: int) -> bool:
         return bool(
             await self._pool.fetchval(
@@ -757,6 +795,16 @@ class PgStore:
             " ORDER BY peer_did"
         )
         return [_peer(r) for r in rows]
+
+    @_seam
+    async def quarantined(self, peer_did: str, limit: int) -> list[Quarantined]:
+        rows = await self._pool.fetch(
+            "SELECT origin_seq, entry_did, code, reason FROM replica_quarantine"
+            " WHERE origin_did = $1 ORDER BY origin_seq DESC LIMIT $2",
+            peer_did,
+            limit,
+        )
+        return [Quarantined(*r) for r in rows]
 
     @_seam
     async def replica_head(self, entry_did: str) -> ReplicaVersion | None:

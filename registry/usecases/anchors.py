@@ -63,6 +63,30 @@ class Anchors:
 
     # --- reads -----------------------------------------------------------------------------
 
+    async def overview(self, principal: Principal, *, recent: int = 5) -> dict[str, Any]:
+        """The backlog, the batches in flight and the latest batches (admin)."""
+        principal.require("admin")
+        o = await self.store.anchoring_overview(recent)
+        body: dict[str, Any] = {
+            "enabled": self.config.anchoring.enabled,
+            "pending": o.pending,
+            "batchesInFlight": o.in_flight,
+            "recentBatches": [
+                {
+                    "batchId": b.batch_id,
+                    "state": b.state,
+                    "intents": b.intents,
+                    **({"transactionId": b.transaction_id} if b.transaction_id else {}),
+                    **({"blockHeight": b.block_height} if b.block_height is not None else {}),
+                    **({"anchorTime": rfc3339_ms(b.anchor_time_ms)} if b.anchor_time_ms else {}),
+                }
+                for b in o.recent
+            ],
+        }
+        if o.oldest_pending_ms is not None:
+            body["oldestPendingAt"] = rfc3339_ms(o.oldest_pending_ms)
+        return body
+
     async def list(self, did: str, *, limit: int | None, cursor: str | None) -> str:
         head = await self.entries.live_head(did)
         size = page_size(self.config.limits, limit)

@@ -523,16 +523,28 @@ class Federation:
             return "ok"
         return f"degraded: {len(down)} of {len(peers)} peers unreachable (breaker open)"
 
-    async def statuses(self, principal: Principal) -> list[dict[str, Any]]:
-        """FederationPeerStatus of every configured peer (admin)."""
+    async def statuses(self, principal: Principal, *, quarantined: int = 0) -> list[dict[str, Any]]:
+        """FederationPeerStatus of every configured peer (admin); with `quarantined`, each
+        also lists its latest quarantined entries (`quarantined` at most) and why."""
         principal.require("admin")
         rows = {r.peer_did: r for r in await self.store.list_peers()}
         live = self.live()
         now = self.clock_ms()
-        return [
-            (live.get(did) or peer_state(rows.get(did), did, self.policy)).status_json(now)
-            for did in sorted(self.peers)
-        ]
+        out = []
+        for did in sorted(self.peers):
+            status = (live.get(did) or peer_state(rows.get(did), did, self.policy)).status_json(now)
+            if quarantined:
+                status["quarantined"] = [
+                    {
+                        "sequence": q.origin_seq,
+                        "entryDid": q.entry_did,
+                        "code": q.code,
+                        "reason": q.reason,
+                    }
+                    for q in await self.store.quarantined(did, quarantined)
+                ]
+            out.append(status)
+        return out
 
 
 def _url(body: dict[str, Any], name: str, *, required: bool, policy: EndpointPolicy) -> str:

@@ -33,7 +33,7 @@ from actors.anchoring import AnchoringHandle, run_anchoring
 from actors.chain import LocalChainClient
 from registry.anchoring import verify_anchor
 from registry.chain import LocalChain
-from registry.changes import LogRecord
+from registry.changes import LogRecord, rfc3339_ms
 from registry.config import AnchoringConfig
 from registry.identity import DidKeyIdentity
 from registry.keys import SigningKey
@@ -676,3 +676,32 @@ async def test_a_failed_intent_is_retried_and_then_anchored(held: Held) -> None:
         error = await error_of(r, 409, "intent_state_conflict")
         assert error["details"]["state"] == "confirmed"
     assert (await anchors(client, did))["anchorState"] == "anchored"
+
+
+async def test_the_overview_shows_the_backlog_then_the_confirmed_batch(held: Held) -> None:
+    h, client = held.h, held.client
+    publisher = SigningKey.generate()
+    publisher_token = await sign_in(client, publisher)
+    head = await h.store.log_head()
+    [version] = await publish(client, publisher, publisher_token)
+    did = version["entryDid"]
+    admin = bearer(await sign_in(client, held.admin))
+
+    async def anchoring() -> dict[str, Any]:
+        r = await client.get("/v1/admin/overview", headers=admin)
+        assert r.status_code == 200
+        return dict((await r.get_json())["anchoring"])
+
+    published = rfc3339_ms(now_ms())
+    before = await anchoring()
+    assert before["enabled"] is True
+    assert before["pending"] >= 1  # ours waits: the test holds the leadership
+    assert before["oldestPendingAt"] <= published
+    async with supervising(h, LocalChain(), instant=True, finality_depth=1):
+        await wait_for(h, head, anchor_update(did, "confirmed"))
+    after = await anchoring()
+    newest = after["recentBatches"][0]
+    assert newest["state"] == "confirmed"
+    assert newest["intents"] >= 1
+    assert {"transactionId", "blockHeight", "anchorTime"} <= set(newest)
+    assert after["batchesInFlight"] == 0

@@ -1317,6 +1317,48 @@ async def test_peer_status_reports_the_stored_cursor_lag_latency_and_quarantines
     assert status["breakerState"] == "half_open"
 
 
+async def test_the_overview_shows_each_peer_with_its_quarantined_entries_and_the_anchoring(
+    fed: Fed,
+) -> None:
+    f = fed
+    token = await sign_in(anon_client(f.h), f.admin)
+    did = f.lurker.did
+    key = SigningKey.generate()
+    bad_doc = {**origin_version(key, new_did(), 6), "name": "altered after signing"}
+    quarantined = [
+        Quarantined(6, bad_doc["entryDid"], "signature_invalid", "the signature fails", "{}"),
+        Quarantined(7, None, "entry_invalid", "not an entry", "{}"),
+    ]
+    state = PeerState(did, cursor=7, head=7)
+    await import_from(
+        f.h, did, [origin_version(key, new_did(), 3)], quarantined=quarantined, state=state
+    )
+    r = await anon_client(f.h).get("/v1/admin/overview", headers=bearer(token))
+    assert r.status_code == 200
+    body = await r.get_json()
+    assert body["registryDid"] == f.h.deps.registry_did
+    assert body["logHead"] == await f.h.store.log_head()
+    assert body["checks"]["database"] == "ok"
+    (peer,) = [p for p in body["peers"] if p["peerDid"] == did]
+    assert peer["quarantines"] == 2
+    assert peer["quarantined"] == [
+        {"sequence": 7, "entryDid": None, "code": "entry_invalid", "reason": "not an entry"},
+        {
+            "sequence": 6,
+            "entryDid": bad_doc["entryDid"],
+            "code": "signature_invalid",
+            "reason": "the signature fails",
+        },
+    ]
+    anchoring = body["anchoring"]
+    assert anchoring["enabled"] is False
+    assert {"pending", "batchesInFlight", "recentBatches"} <= set(anchoring)
+    # An ordinary session is refused.
+    other = await sign_in(anon_client(f.h), SigningKey.generate())
+    r = await anon_client(f.h).get("/v1/admin/overview", headers=bearer(other))
+    await error_of(r, 403, "capability_missing")
+
+
 # === replica reads (design §12) =================================================================
 
 

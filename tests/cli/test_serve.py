@@ -112,7 +112,7 @@ def test_every_option_has_help_that_says_its_default() -> None:
     commands = _commands(parser)
     assert set(commands) == {
         *("serve", "migrate", "keygen", "login", "logout", "publish", "update"),
-        *("get", "versions", "delete", "watch", "verify-anchor", "peers"),
+        *("get", "versions", "delete", "watch", "verify-anchor", "peers", "status"),
     }
     for name, command in [("registry", parser), *commands.items()]:
         for action in command._actions:
