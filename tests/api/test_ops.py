@@ -75,8 +75,10 @@ async def test_openapi_document(harness: Harness) -> None:
     ]
     assert len(ids) == len(set(ids)), ids
     assert set(ids) >= OPERATION_IDS
-    # Every operation is under /v1, but /metrics, where Prometheus looks for it.
-    assert all(path.startswith("/v1/") or path == "/metrics" for path in doc["paths"])
+    # Every operation is under /v1, but /metrics, where Prometheus looks for it, and the console.
+    assert all(
+        path.startswith(("/v1/", "/console/")) or path == "/metrics" for path in doc["paths"]
+    )
     schemas = doc["components"]["schemas"]
     assert "RegistryEntry" in schemas
     assert "ErrorResponse" in schemas
