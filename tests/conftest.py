@@ -26,6 +26,8 @@ from registry.keys import SigningKey
 from registry.store.migrate import _migrate, load_migrations
 from registry.store.pg import open_pg_store
 from service.wiring import Service, open_service
+from tests import secrets_watch
+from tests.secrets_watch import watching
 
 LOCAL_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 
@@ -36,6 +38,15 @@ def _local_server_answers() -> bool:
             return True
     except OSError:
         return False
+
+
+@pytest.fixture(scope="session", autouse=True)
+def secrets_are_never_logged() -> Iterator[None]:
+    """Fails the run when any log line of it holds a token, key seed or signature the run
+    planted (tests/secrets_watch.py)."""
+    with pytest.MonkeyPatch.context() as monkeypatch, watching(monkeypatch):
+        yield
+    assert secrets_watch.LEAKS == [], "secrets in the log:\n" + "\n".join(secrets_watch.LEAKS)
 
 
 @pytest.fixture(scope="session")
