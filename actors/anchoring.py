@@ -37,7 +37,7 @@ import logging
 import math
 import random
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import trio
 
@@ -58,6 +58,10 @@ TREE_IN_THREAD = 2048  # leaves above which a batch's tree is built off the even
 LEADERSHIP = "anchoring"
 
 
+BACKLOG_READ_SECONDS = 5.0
+FINALITY_BUCKETS = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
+
+
 @dataclass
 class AnchoringStats:
     """What the supervisor has done (read by health checks and tests)."""
@@ -69,6 +73,21 @@ class AnchoringStats:
     failed: int = 0
     chain_errors: int = 0
     last_error: str | None = None
+    # The backlog as the leader last read it (every BACKLOG_READ_SECONDS), and its batches.
+    pending: int = 0
+    oldest_pending_ms: int | None = None
+    in_flight: int = 0
+    # Seconds from a batch's claim to its confirmation: bucket upper bounds → counts.
+    finality: dict[float, int] = field(default_factory=lambda: dict.fromkeys(FINALITY_BUCKETS, 0))
+    finality_sum: float = 0.0
+    finality_count: int = 0
+
+    def observe_finality(self, seconds: float) -> None:
+        for bound in self.finality:
+            if seconds <= bound:
+                self.finality[bound] += 1
+        self.finality_sum += seconds
+        self.finality_count += 1
 
 
 class AnchoringHandle:
@@ -136,6 +155,8 @@ class _Supervisor:
         self.open: dict[int, tuple[OpenBatch, MerkleTree]] = {}
         self.loaded = False
         self.last_claim_at = -math.inf  # trio.current_time() of the last claim
+        self.claimed_at: dict[int, int] = {}  # batch id → clock_ms() of its claim (this run)
+        self.backlog_read_at = -math.inf
         self.last_claim_full = False
         # How long to wait before polling a submitted batch again: a fraction of a block.
         self.poll_seconds = min(config.block_interval_seconds / 4, 1.0)
@@ -183,6 +204,12 @@ class _Supervisor:
                 busy = await self.advance(*held) or busy
         if self.loaded and self.may_claim():  # (after a refused settle: once read again)
             busy = await self.claim() or busy
+        self.stats.in_flight = len(self.open)
+        if trio.current_time() - self.backlog_read_at >= BACKLOG_READ_SECONDS:
+            self.backlog_read_at = trio.current_time()
+            backlog = await self.store.anchoring_overview(0)
+            self.stats.pending = backlog.pending
+            self.stats.oldest_pending_ms = backlog.oldest_pending_ms
         return busy
 
     def may_claim(self) -> bool:
@@ -210,6 +237,7 @@ class _Supervisor:
             return False  # nothing pending
         members = [Member(*m) for m in json.loads(outcome.unwrap())]
         self.stats.batches += 1
+        self.claimed_at[outcome.sequence] = now
         self.last_claim_at = trio.current_time()
         self.last_claim_full = len(members) >= self.config.batch_size
         batch = OpenBatch(outcome.sequence, None, None, tuple((m, "submitted") for m in members))
@@ -258,8 +286,11 @@ class _Supervisor:
                 self.loaded = False  # an intent moved meanwhile: read the batches again
                 return True
             raise Unavailable(f"anchoring: settle refused: {outcome.refusal.message}")
+        claimed = self.claimed_at.pop(batch.batch_id, None)
         if decision.outcome == "confirmed":
             self.stats.confirmed += len(live)
+            if claimed is not None:
+                self.stats.observe_finality((self.clock_ms() - claimed) / 1000)
         else:
             self.stats.requeued += len(decision.pending)
             self.stats.failed += len(decision.failed)

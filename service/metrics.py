@@ -11,7 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 
 from actors.anchoring import AnchoringHandle
 from actors.federation import FederationHandle
@@ -27,6 +32,7 @@ BREAKER_STATES = ("closed", "open", "half_open")
 @dataclass(frozen=True)
 class Sources:
     events: EventDeps
+    now_ms: Callable[[], int]
     writer: Writer
     logs: LogHandle
     caches: Caches
@@ -199,3 +205,27 @@ def _anchoring(s: Sources) -> Iterable[Metric]:
     yield _counter(
         "registry_anchor_chain_errors", "Calls to the chain that failed", stats.chain_errors
     )
+    if not stats.leader:
+        return
+    yield _gauge("registry_anchor_pending", "Intents waiting for a batch", stats.pending)
+    yield _gauge(
+        "registry_anchor_batches_in_flight",
+        "Batches claimed or submitted, not settled",
+        stats.in_flight,
+    )
+    if stats.oldest_pending_ms is not None:
+        yield _gauge(
+            "registry_anchor_oldest_pending_age_seconds",
+            "How long the oldest pending intent has waited",
+            max(0.0, (s.now_ms() - stats.oldest_pending_ms) / 1000),
+        )
+    finality = HistogramMetricFamily(
+        "registry_anchor_finality_seconds", "From a batch's claim to its confirmation"
+    )
+    finality.add_metric(
+        [],
+        [(str(bound), count) for bound, count in stats.finality.items()]
+        + [("+Inf", stats.finality_count)],
+        stats.finality_sum,
+    )
+    yield finality

@@ -207,6 +207,7 @@ async def open_service(
             collectors(
                 Sources(
                     events=event_deps,
+                    now_ms=now_ms,
                     writer=writer,
                     logs=logs,
                     caches=caches,

@@ -157,3 +157,33 @@ async def test_a_workload_shows_in_the_metrics_and_the_access_log(
         assert [s for s in secrets if s in logged] == []
 
     await with_harness(config, body)
+
+
+async def test_the_anchoring_leader_reports_its_backlog_and_time_to_finality(
+    database_url: str, tmp_path: Path
+) -> None:
+    from tests.api.test_anchors import anchor_update, publish, wait_for
+
+    admin = SigningKey.generate()
+    config = make_config(
+        database_url,
+        tmp_path,
+        auth={"admin_dids": [admin.did]},
+        anchoring={"enabled": True, "block_interval_seconds": 0, "finality_depth": 1},
+    )
+
+    async def body(h: Harness) -> None:
+        publisher = SigningKey.generate()
+        head = await h.store.log_head()
+        [version] = await publish(h.client, publisher, await sign_in(h.client, publisher))
+        await wait_for(h, head, anchor_update(version["entryDid"], "confirmed"))
+        token = await sign_in(h.client, admin)
+        r = await anon_client(h).get("/metrics", headers=bearer(token))
+        got = samples((await r.get_data()).decode())
+        assert got[("registry_anchoring_leader", ())] == 1
+        assert got[("registry_anchor_confirmed_total", ())] >= 1
+        assert got[("registry_anchor_finality_seconds_count", ())] >= 1
+        assert ("registry_anchor_pending", ()) in got
+        assert ("registry_anchor_batches_in_flight", ()) in got
+
+    await with_harness(config, body)
