@@ -136,6 +136,15 @@ def _caches(s: Sources) -> Iterable[Metric]:
 
 
 def _pool(s: Sources) -> Iterable[Metric]:
+    errors = CounterMetricFamily(
+        "registry_db_errors",
+        "Database errors by the code they were answered with (database_unavailable,"
+        " database_timeout, database_read_only, database_full, ...)",
+        labels=["code"],
+    )
+    for code, count in sorted(s.store.error_statistics().items()):
+        errors.add_metric([code], count)
+    yield errors
     stats = s.store.pool_statistics()
     if not stats:
         return

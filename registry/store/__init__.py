@@ -208,6 +208,10 @@ class HealthStore(Protocol):
         """Connections `open`, `in_use` and callers `waiting` for one (empty: no pool)."""
         ...
 
+    def error_statistics(self) -> dict[str, int]:
+        """Database errors this process met, by the error code they were answered with."""
+        ...
+
 
 class LogStore(Protocol):
     """The one write path (registry.changes) and the log it appends to."""

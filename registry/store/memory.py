@@ -660,6 +660,9 @@ class MemoryStore:
     def pool_statistics(self) -> dict[str, int]:
         return {}  # no connections
 
+    def error_statistics(self) -> dict[str, int]:
+        return {}
+
     async def ping(self) -> None:
         await self._call(write=False)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from typing import Any, ParamSpec, TypeVar
@@ -124,6 +125,10 @@ def _translate(exc: BaseException) -> BaseException:
     return Unavailable(what, code=code, details={"retryAfterSeconds": 1})
 
 
+# Database errors met by this process, by the code they were translated to (`/metrics`).
+ERRORS: Counter[str] = Counter()
+
+
 def _seam(fn: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, Coroutine[Any, Any, T]]:
     """Run an asyncio coroutine method from Trio, translating driver errors."""
     bridged = trio_asyncio.aio_as_trio(fn)
@@ -135,6 +140,7 @@ def _seam(fn: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, Coroutine[Any,
             with trio.fail_after(QUERY_TIMEOUT_SECONDS):
                 return await bridged(*args, **kwargs)  # type: ignore[no-any-return]
         except trio.TooSlowError:
+            ERRORS["database_timeout"] += 1
             raise Unavailable(
                 "the database did not answer in time", code="database_timeout"
             ) from None
@@ -145,6 +151,7 @@ def _seam(fn: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, Coroutine[Any,
             asyncpg.exceptions.InternalClientError,
         ) as exc:
             translated = _translate(exc)
+            ERRORS[getattr(translated, "code", None) or type(exc).__name__] += 1
             if translated is exc:
                 raise
             raise translated from None
@@ -284,6 +291,9 @@ class PgStore:
 
     def pool_statistics(self) -> dict[str, int]:
         return self._pool.statistics()
+
+    def error_statistics(self) -> dict[str, int]:
+        return dict(ERRORS)
 
     @_seam
     async def ping(self) -> None:

@@ -72,6 +72,7 @@ def server(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterat
             "REGISTRY_LOGGING__LEVEL": "INFO",
             "REGISTRY_ANCHORING__ENABLED": "true",
             "REGISTRY_ANCHORING__BLOCK_INTERVAL_SECONDS": "0.2",
+            "REGISTRY_METRICS__OPEN": "true",  # the tests read what the faults counted
         },
     ) as server:
         yield server

@@ -8,6 +8,7 @@ second whether the database is back; asserted here with room for a loaded machin
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import tempfile
 import time
@@ -78,6 +79,10 @@ def test_a_read_only_database_is_503_and_degraded_then_ok(
         assert recovered(server, "read-only off") < RECOVERY
         time.sleep(1)
         verify(server, cluster, load)
+    # Operators saw it in the metrics: the refusals counted by their code, writes ok again.
+    metrics = httpx.get(server.url + "/metrics", timeout=10).text
+    assert re.search(r'^registry_db_errors_total\{code="database_read_only"\} [1-9]', metrics, re.M)
+    assert re.search(r"^registry_writer_failing 0\.0$", metrics, re.M)
 
 
 def test_killed_connections_are_replaced(server: Server, cluster: Cluster, tmp_path: Path) -> None:
