@@ -45,8 +45,13 @@ class _Append:
     reply: trio.MemorySendChannel[Outcome | RegistryError]
 
 
+BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+
 @dataclass
 class WriterStats:
+    # Committed batches by size: bucket upper bound → batches of at most that size.
+    sizes: dict[int, int] = field(default_factory=lambda: dict.fromkeys(BATCH_SIZE_BUCKETS, 0))
     batches: int = 0
     changes: int = 0
     largest_batch: int = 0
@@ -81,6 +86,10 @@ class Writer:
         """Why the last batch failed (`database_full`, `database_read_only`, ...), until one
         succeeds; None while writes succeed."""
         return self._stats.refused
+
+    def batch_sizes(self) -> dict[int, int]:
+        """Committed batches of at most each bucket's size (cumulative, as Prometheus's)."""
+        return dict(self._stats.sizes)
 
     def statistics(self) -> dict[str, int]:
         return {
@@ -152,3 +161,6 @@ async def _write_batch(store: LogStore, batch: list[_Append], stats: WriterStats
     stats.batches += 1
     stats.changes += len(batch)
     stats.largest_batch = max(stats.largest_batch, len(batch))
+    for bound in BATCH_SIZE_BUCKETS:
+        if len(batch) <= bound:
+            stats.sizes[bound] += 1

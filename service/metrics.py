@@ -73,6 +73,16 @@ def _writer(s: Sources) -> Iterable[Metric]:
         "registry_writer_largest_batch", "The largest batch so far", stats["largest_batch"]
     )
     yield _gauge("registry_writer_queued", "Changes waiting for the next batch", stats["queued"])
+    sizes = HistogramMetricFamily(
+        "registry_writer_batch_size", "Changes per committed batch (group commit)"
+    )
+    sizes.add_metric(
+        [],
+        [(str(float(bound)), count) for bound, count in s.writer.batch_sizes().items()]
+        + [("+Inf", stats["batches"])],
+        stats["changes"],
+    )
+    yield sizes
     yield _gauge(
         "registry_writer_failing",
         "1 while the database refuses writes (read-only, full), else 0",

@@ -128,6 +128,10 @@ async def test_a_workload_shows_in_the_metrics_and_the_access_log(
         assert value("registry_http_request_duration_seconds_count", **unrouted) == 1
         assert value("registry_writer_batches_total") >= 1
         assert value("registry_writer_changes_total") >= 1
+        batches = value("registry_writer_batch_size_count")
+        assert batches == value("registry_writer_batches_total")
+        assert value("registry_writer_batch_size_bucket", le="+Inf") == batches
+        assert 1 <= value("registry_writer_batch_size_bucket", le="1.0") <= batches
         assert value("registry_log_head") >= 1
         assert value("registry_cache_live") == 1
         assert ("registry_cache_hits_total", (("cache", "sessions"),)) in got

@@ -4,12 +4,14 @@ driven by Selenium): two peered registries, one stopped, its breaker seen openin
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from cli.client import RegistryClient
@@ -121,6 +123,17 @@ def test_the_console_shows_the_federation_and_a_breaker_opening(
                 By.CSS_SELECTOR, f'tr[data-peer="{b.did}"] td:nth-child(3)'
             )
             assert int(failures.text) >= 5
+            # The same in A's metrics, as Prometheus reads them.
+            metrics = httpx.get(
+                a.url + "/metrics", headers={"Authorization": f"Bearer {token}"}, timeout=10
+            ).text
+            peer = f'peer="{b.did}"'
+            assert f'registry_peer_breaker_state{{{peer},state="open"}} 1.0' in metrics
+            failed = re.search(
+                rf"^registry_peer_consecutive_failures\{{{peer}\}} (\d+)", metrics, re.M
+            )
+            assert failed is not None
+            assert int(failed.group(1)) >= 5
             browser.save_screenshot(str(artifacts() / "console.png"))
             # Nothing the page loaded broke its Content-Security-Policy, nor failed.
             problems = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
