@@ -41,6 +41,13 @@ def create_app(dependencies: Deps) -> QuartTrio:
     install(app, dependencies.metrics, access_log=dependencies.config.logging.access)
     _register_routes(app)
 
+    @app.before_request
+    async def metrics_listener_serves_metrics_only() -> None:
+        if request.path != "/metrics" and ops.on_metrics_listener(dependencies.config):
+            raise NotFound(
+                f"no route for {request.path} on the metrics listener", code="route_not_found"
+            )
+
     @app.errorhandler(HTTPException)
     async def http_error(exc: HTTPException) -> Response:
         # Also reached for a WebSocket handshake (no request context): the answer is then

@@ -6,16 +6,28 @@ from typing import Any
 
 import trio
 from prometheus_client import CONTENT_TYPE_LATEST
-from quart import Response, current_app
+from quart import Response, current_app, request
 from quart_trio import QuartTrio
 
 from api.http import Ctx, deps, dumps, endpoint, json_response
 from api.openapi import documented, ok, openapi_document
+from registry.config import Config
 from registry.errors import RegistryError, Unauthorized
 from registry.store.migrate import load_migrations
 from registry.usecases.common import Principal
 
 QUARANTINED_SHOWN = 20  # per peer, in the overview
+
+
+def on_metrics_listener(config: Config) -> bool:
+    """Whether this request came through `metrics.listen` (where only /metrics is served)."""
+    if not config.metrics.listen:
+        return False
+    host, _, port = config.metrics.listen.rpartition(":")
+    server = request.scope.get("server")
+    if not server or server[1] is None or int(server[1]) != int(port):
+        return False
+    return host.strip("[]") in ("0.0.0.0", "::", "*", str(server[0]))
 
 
 async def _deep_health(principal: Principal) -> dict[str, Any]:
@@ -127,7 +139,7 @@ def register(app: QuartTrio) -> None:
     )
     async def metrics(ctx: Ctx) -> Response:
         d = deps()
-        if not d.config.metrics.open:
+        if not (d.config.metrics.open or on_metrics_listener(d.config)):
             if ctx.principal is None:
                 raise Unauthorized("metrics need an admin session", code="session_missing")
             ctx.principal.require("admin")

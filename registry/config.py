@@ -245,6 +245,18 @@ class MetricsConfig(_Section):
     # Who may read GET /metrics: an admin session (false), or anyone who reaches it (true: put
     # it behind a firewall or a proxy that keeps it private).
     open: bool = False
+    # "host:port" (a fixed port): also listen there, where /metrics is open and nothing else is
+    # served; on server.host:port it then needs an admin session as above. Empty: no listener.
+    listen: str = ""
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, value: str) -> str:
+        if value:
+            host, _, port = value.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError("must be host:port with a fixed port, e.g. 127.0.0.1:9464")
+        return value
 
 
 class Config(_Section):

@@ -127,6 +127,8 @@ def connection_limits(config: Config, file_limit: int) -> ConnectionLimits:
 def _hypercorn_config(config: Config, guard: ConnectionGuard, *, hooked: bool) -> HyperConfig:
     hconfig = HyperConfig()
     hconfig.bind = [f"{config.server.host}:{config.server.port}"]
+    if config.metrics.listen:  # /metrics alone, open (api/app.py keeps the rest off it)
+        hconfig.bind.append(config.metrics.listen)
     hconfig.graceful_timeout = config.server.graceful_timeout_seconds
     hconfig.accesslog = None
     hconfig.errorlog = logging.getLogger("hypercorn.error")
