@@ -593,18 +593,9 @@ class QuarantinedEntry(Response):
     reason: str
 
 
-class PeerOverview(Response):
+class PeerOverview(FederationPeerStatus):
     """A FederationPeerStatus with the peer's latest quarantined entries."""
 
-    peerDid: str
-    breakerState: Literal["closed", "open", "half_open"]
-    consecutiveFailures: int
-    cursor: int
-    lag: int
-    latencyMs: int | None = None
-    lastSuccessAt: Time | None = None
-    nextAttemptAt: Time | None = None
-    quarantines: int
     quarantined: list[QuarantinedEntry]
 
 

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import itertools
+import os
 import secrets
+import shutil
 import uuid
 from typing import Any
+
+import pytest
 
 from registry.changes import Change
 from registry.entries import sign_entry
@@ -85,3 +89,16 @@ def entry_created(did: str | None = None, *, entry_type: str = "AgentDefinition"
         prefix=f'{{"entryDid":"{did}","sequence":',
         suffix="}",
     )
+
+
+def system_tool(name: str, package: str) -> str:
+    """The path of a system tool a test runs. Missing, the test is skipped on a developer's
+    machine (the README's test command installs no system package) and fails in CI, whose
+    .ci/run installs it and sets CI_REQUIRE_TOOLS=1."""
+    path = shutil.which(name)
+    if path is None:
+        reason = f"{name} is not installed (Debian package {package}; .ci/run installs it)"
+        if os.environ.get("CI_REQUIRE_TOOLS") == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return path

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,20 +15,10 @@ import pytest
 
 from cli.client import RegistryClient
 from tests.db.test_federation_process import Cluster, databases
+from tests.helpers import system_tool
 
 DEADLINE_S = 60.0  # a stopped peer's breaker opens after 5 refused pulls (~8 s of backoff)
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _tool(name: str, package: str) -> str:
-    """As tests/deploy: skipped on a developer's machine without it, failed in CI."""
-    path = shutil.which(name)
-    if path is None:
-        reason = f"{name} is not installed (Debian package {package}; .ci/run installs it)"
-        if os.environ.get("CI_REQUIRE_TOOLS") == "1":
-            pytest.fail(reason)
-        pytest.skip(reason)
-    return path
 
 
 def artifacts() -> Path:
@@ -45,13 +34,14 @@ def browser() -> Iterator[Any]:
     from selenium.webdriver.chrome.service import Service
 
     options = webdriver.ChromeOptions()
-    options.binary_location = _tool("chromium", "chromium")
+    options.binary_location = system_tool("chromium", "chromium")
     for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
         options.add_argument(flag)
     options.add_argument("--window-size=1280,900")
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(
-        service=Service(executable_path=_tool("chromedriver", "chromium-driver")), options=options
+        service=Service(executable_path=system_tool("chromedriver", "chromium-driver")),
+        options=options,
     )
     try:
         yield driver

@@ -3,7 +3,6 @@ configuration, each checked by the tool that will read it (installed by .ci/run)
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -11,30 +10,16 @@ import sys
 import tomllib
 from pathlib import Path
 
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from registry.config import Config, load_config, sample_toml
 from registry.keys import SigningKey
 from tests.api.api_support import with_harness
 from tests.conftest import Harness, make_config
-from tests.helpers import bearer, sign_in
+from tests.helpers import bearer, sign_in, system_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
-
-
-def _tool(name: str, package: str) -> str:
-    """The path of a system tool. Missing, the test is skipped on a developer's machine (the
-    README's test command installs no system package) and fails in CI, whose .ci/run installs
-    it and sets CI_REQUIRE_TOOLS=1."""
-    path = shutil.which(name)
-    if path is None:
-        reason = f"{name} is not installed (Debian package {package}; .ci/run installs it)"
-        if os.environ.get("CI_REQUIRE_TOOLS") == "1":
-            pytest.fail(reason)
-        pytest.skip(reason)
-    return path
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -50,12 +35,12 @@ def test_the_systemd_unit_verifies(tmp_path: Path) -> None:
     assert "ExecStart=/opt/registry/.venv/bin/registry serve " in unit
     here = tmp_path / "registry.service"
     here.write_text(unit.replace("/opt/registry/.venv/bin/registry", str(registry)))
-    done = _run(_tool("systemd-analyze", "systemd"), "verify", "--man=no", str(here))
+    done = _run(system_tool("systemd-analyze", "systemd"), "verify", "--man=no", str(here))
     assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
 
 
 def test_the_prometheus_configuration_and_alerts_check(tmp_path: Path) -> None:
-    promtool = _tool("promtool", "prometheus")
+    promtool = system_tool("promtool", "prometheus")
     done = _run(promtool, "check", "rules", str(DEPLOY / "registry-alerts.yml"))
     assert done.returncode == 0, done.stdout + done.stderr
     # The configuration names a token file only a deployment has: point it at one here.
