@@ -11,6 +11,7 @@ constraints, indexes and their options, views, triggers and the text of every fu
 from __future__ import annotations
 
 import asyncio
+import re
 import secrets
 import tarfile
 from collections.abc import Callable, Iterator
@@ -236,3 +237,17 @@ def test_every_function_of_the_numbered_migrations_lives_in_functions() -> None:
         assert "CREATE FUNCTION" not in migration.sql.upper().replace("OR REPLACE ", "")
         assert "CREATE OR REPLACE FUNCTION" not in migration.sql.upper()
     assert migrations_dir().joinpath("functions").is_dir()
+
+
+def test_the_append_path_calls_every_handler_of_the_table_of_kinds() -> None:
+    """append_changes calls each handler statically (a plan cached per session): its CASE has
+    a branch for exactly the handlers registry/changes.py names."""
+    from registry.changes import CHANGE_KINDS
+
+    sql = load_migrations().functions["append_changes"].sql
+    branches = set(
+        re.findall(r"WHEN '(\w+)' THEN\s+SELECT x\.result, x\.refusal INTO h\s+FROM (\w+)\(", sql)
+    )
+    assert all(name == called for name, called in branches)
+    assert {name for name, _ in branches} == {k.handler for k in CHANGE_KINDS.values() if k.handler}
+    assert "EXECUTE format" not in sql  # no dynamic SQL on the append path
