@@ -15,9 +15,11 @@ the last minute. Nothing else mutates the buckets.
 from __future__ import annotations
 
 import logging
+from typing import Protocol
 
 import trio
 
+from registry.errors import Unavailable
 from registry.ratelimit import Bucket, Decision, Rate, is_idle, take
 
 log = logging.getLogger(__name__)
@@ -32,7 +34,9 @@ class RateLimiter:
     def __init__(self, rates: dict[str, Rate]) -> None:
         if not set(CLASSES) <= set(rates):
             raise ValueError(f"rates for at least {CLASSES} are required")
+        self._configured = dict(rates)
         self._rates = dict(rates)
+        self.processes = 1  # the configured rates are divided among this many processes
         self._buckets: dict[tuple[str, str], Bucket] = {}
         self._handled = 0
         self._refused = 0
@@ -52,6 +56,16 @@ class RateLimiter:
             self._sweep(now)
         return decision
 
+    def share(self, processes: int) -> None:
+        """Admit `1/processes` of each configured rate (at least 1 a minute), so that N
+        processes behind a load balancer admit the configured rate together. Buckets keep
+        their tokens, clamped to the new capacity at their next use."""
+        self.processes = max(1, processes)
+        self._rates = {
+            klass: Rate(max(1, rate.per_minute // self.processes))
+            for klass, rate in self._configured.items()
+        }
+
     def _sweep(self, now: float) -> None:
         idle = [k for k, b in self._buckets.items() if is_idle(b, self._rates[k[0]], now)]
         for key in idle:
@@ -65,6 +79,35 @@ class RateLimiter:
             "refused": self._refused,
             "sweeps": self._sweeps,
         }
+
+
+class ProcessCount(Protocol):
+    async def live_processes(self) -> int: ...
+
+
+async def share_limits(
+    limiter: RateLimiter,
+    store: ProcessCount,
+    *,
+    every: float,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Keep `limiter` admitting its share of the configured rates: the processes serving from
+    the database are counted now (before the service serves) and every `every` seconds. A count
+    that fails (the database is away) keeps the last share."""
+    started = False
+    while True:
+        try:
+            processes = await store.live_processes()
+        except Unavailable:
+            processes = limiter.processes
+        if processes != limiter.processes:
+            log.info("rate limits shared by %d process(es)", processes)
+            limiter.share(processes)
+        if not started:
+            task_status.started()
+            started = True
+        await trio.sleep(every)
 
 
 async def run_rate_limiter(

@@ -129,6 +129,10 @@ class LimitsConfig(_Section):
     small_body_bytes: Annotated[int, Field(ge=1024)] = 64 * 1024
     discover_cache_entries: Annotated[int, Field(ge=0, le=100_000)] = 2000  # 0: no result cache
     cache_mib: Annotated[int, Field(ge=1, le=65536)] = 4  # each of the entry and page caches
+    # Divide every per-minute limit by the processes serving from the database (counted every
+    # share_refresh_seconds), so the deployment admits the configured rate; off: per process.
+    shared: bool = True
+    share_refresh_seconds: Annotated[float, Field(gt=0, le=3600)] = 10.0
 
     @model_validator(mode="before")
     @classmethod

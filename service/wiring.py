@@ -18,7 +18,7 @@ from actors.chain import LocalChainClient, run_local_chain
 from actors.federation import FederationHandle, HttpTransport, PeerDeps, run_federation
 from actors.janitor import run_janitor
 from actors.log import LogHandle, run_log
-from actors.ratelimiter import RateLimiter, run_rate_limiter
+from actors.ratelimiter import RateLimiter, run_rate_limiter, share_limits
 from actors.supervisor import database_ready, supervise
 from actors.writer import Writer, run_writer
 from api.app import create_app
@@ -102,6 +102,10 @@ async def open_service(
             "replay": Rate(config.events.replays_per_minute),  # event replays, per address
         }
         limiter: RateLimiter = await nursery.start(run_rate_limiter, rates)
+        if limits.shared:
+            await nursery.start(
+                partial(share_limits, limiter, store, every=limits.share_refresh_seconds)
+            )
         # Housekeeping: any failure of a pass is retried later (never worth stopping the service).
         nursery.start_soon(
             partial(

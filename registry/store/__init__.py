@@ -212,6 +212,10 @@ class HealthStore(Protocol):
         """Database errors this process met, by the error code they were answered with."""
         ...
 
+    async def live_processes(self) -> int:
+        """How many registry processes serve from this database now (at least this one)."""
+        ...
+
 
 class LogStore(Protocol):
     """The one write path (registry.changes) and the log it appends to."""

@@ -663,6 +663,9 @@ class MemoryStore:
     def error_statistics(self) -> dict[str, int]:
         return {}
 
+    async def live_processes(self) -> int:
+        return 1
+
     async def ping(self) -> None:
         await self._call(write=False)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
@@ -294,6 +295,15 @@ class PgStore:
 
     def error_statistics(self) -> dict[str, int]:
         return dict(ERRORS)
+
+    @_seam
+    async def live_processes(self) -> int:
+        return int(
+            await self._pool.fetchval(
+                "SELECT count(DISTINCT application_name) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND application_name LIKE 'registry %'"
+            )
+        )
 
     @_seam
     async def ping(self) -> None:
@@ -966,10 +976,19 @@ class Notifications:
 async def open_pg_store(
     dsn: str, *, min_size: int = 2, max_size: int = 10
 ) -> AsyncIterator[PgStore]:
-    """A connection pool for the duration of the block. Needs a running trio-asyncio loop."""
+    """A connection pool for the duration of the block. Needs a running trio-asyncio loop.
+
+    Its connections carry `application_name` `registry <token>`, one token per pool: the
+    processes serving from one database count each other by it (`live_processes`)."""
 
     pool = LeanPool(
-        dsn, min_size=min_size, max_size=max_size, server_settings=dict(SESSION_SETTINGS)
+        dsn,
+        min_size=min_size,
+        max_size=max_size,
+        server_settings={
+            **SESSION_SETTINGS,
+            "application_name": f"registry {secrets.token_hex(6)}",
+        },
     )
     try:
         with trio.fail_after(QUERY_TIMEOUT_SECONDS):

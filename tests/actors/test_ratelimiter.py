@@ -11,6 +11,7 @@ import trio.testing
 
 from actors import ratelimiter
 from actors.ratelimiter import RateLimiter, run_rate_limiter
+from registry.errors import Unavailable
 from registry.ratelimit import Decision, Rate
 
 RATES = {"read": Rate(60), "write": Rate(15), "query": Rate(120)}  # 1/s, 1 per 4 s, 2/s
@@ -121,3 +122,48 @@ async def test_statistics_count_handled_and_refused(
     stats = limiter.statistics()
     assert stats["handled"] == 17
     assert stats["refused"] == 2
+
+
+class Processes:
+    """A store that says how many processes serve from the database; it may be away."""
+
+    def __init__(self) -> None:
+        self.count = 1
+        self.away = False
+
+    async def live_processes(self) -> int:
+        if self.away:
+            raise Unavailable("the database is away", code="database_unavailable")
+        return self.count
+
+
+async def test_limits_are_shared_by_the_live_processes(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    limiter = RateLimiter(RATES)
+    store = Processes()
+    store.count = 3
+    async with trio.open_nursery() as nursery:
+        await nursery.start(partial(ratelimiter.share_limits, limiter, store, every=10.0))
+        # Counted before the service serves: a third of 60 reads a minute each.
+        decisions = [limiter.acquire("read", "alice") for _ in range(21)]
+        assert [d.allowed for d in decisions] == [True] * 20 + [False]
+        assert decisions[0].limit == 20
+        # A process leaves: the next count gives this one half; the database away keeps it.
+        store.count = 2
+        await trio.sleep(10.5)
+        assert limiter.processes == 2
+        assert limiter.acquire("write", "bob").limit == 7  # 15 // 2
+        store.away = True
+        await trio.sleep(10)
+        assert limiter.processes == 2
+        store.away, store.count = False, 1
+        await trio.sleep(10)
+        assert limiter.acquire("query", "carol").limit == 120
+        nursery.cancel_scope.cancel()
+
+
+def test_a_share_never_falls_below_one_a_minute() -> None:
+    limiter = RateLimiter(RATES)
+    limiter.share(1000)
+    assert limiter._rates["write"] == Rate(1)
