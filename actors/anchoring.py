@@ -46,6 +46,7 @@ from registry.chain import Chain, ChainUnavailable
 from registry.changes import RETRY, Also, Change, IdemKey, Outcome
 from registry.config import AnchoringConfig
 from registry.errors import Unavailable
+from registry.histogram import Histogram
 from registry.merkle import MerkleTree
 from registry.ratelimit import Backoff
 from registry.store import AnchorStore, OpenBatch
@@ -77,17 +78,8 @@ class AnchoringStats:
     pending: int = 0
     oldest_pending_ms: int | None = None
     in_flight: int = 0
-    # Seconds from a batch's claim to its confirmation: bucket upper bounds → counts.
-    finality: dict[float, int] = field(default_factory=lambda: dict.fromkeys(FINALITY_BUCKETS, 0))
-    finality_sum: float = 0.0
-    finality_count: int = 0
-
-    def observe_finality(self, seconds: float) -> None:
-        for bound in self.finality:
-            if seconds <= bound:
-                self.finality[bound] += 1
-        self.finality_sum += seconds
-        self.finality_count += 1
+    # Seconds from a batch's claim to its confirmation.
+    finality: Histogram = field(default_factory=lambda: Histogram(FINALITY_BUCKETS))
 
 
 class AnchoringHandle:
@@ -290,7 +282,7 @@ class _Supervisor:
         if decision.outcome == "confirmed":
             self.stats.confirmed += len(live)
             if claimed is not None:
-                self.stats.observe_finality((self.clock_ms() - claimed) / 1000)
+                self.stats.finality.observe((self.clock_ms() - claimed) / 1000)
         else:
             self.stats.requeued += len(decision.pending)
             self.stats.failed += len(decision.failed)

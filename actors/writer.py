@@ -28,6 +28,7 @@ import trio
 
 from registry.changes import Change, IdemKey, Outcome
 from registry.errors import Invalid, RegistryError, Unavailable
+from registry.histogram import Histogram
 from registry.outage import ConditionLog
 from registry.store import LogStore
 
@@ -50,8 +51,7 @@ BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 @dataclass
 class WriterStats:
-    # Committed batches by size: bucket upper bound → batches of at most that size.
-    sizes: dict[int, int] = field(default_factory=lambda: dict.fromkeys(BATCH_SIZE_BUCKETS, 0))
+    sizes: Histogram = field(default_factory=lambda: Histogram(BATCH_SIZE_BUCKETS))  # changes
     batches: int = 0
     changes: int = 0
     largest_batch: int = 0
@@ -87,9 +87,9 @@ class Writer:
         succeeds; None while writes succeed."""
         return self._stats.refused
 
-    def batch_sizes(self) -> dict[int, int]:
-        """Committed batches of at most each bucket's size (cumulative, as Prometheus's)."""
-        return dict(self._stats.sizes)
+    def batch_sizes(self) -> Histogram:
+        """Changes per committed batch."""
+        return self._stats.sizes
 
     def statistics(self) -> dict[str, int]:
         return {
@@ -161,6 +161,4 @@ async def _write_batch(store: LogStore, batch: list[_Append], stats: WriterStats
     stats.batches += 1
     stats.changes += len(batch)
     stats.largest_batch = max(stats.largest_batch, len(batch))
-    for bound in BATCH_SIZE_BUCKETS:
-        if len(batch) <= bound:
-            stats.sizes[bound] += 1
+    stats.sizes.observe(len(batch))

@@ -26,6 +26,13 @@ def _envelope(ctx: Ctx) -> Any:
         ) from None
 
 
+# What a peer's signed envelope can be refused for (registry/envelope.py).
+ENVELOPE_REFUSED = (
+    "envelope missing or malformed; signature, timestamp, nonce or controller invalid; wrong"
+    " recipient; nonce replayed"
+)
+
+
 def register(app: QuartTrio) -> None:
     @app.post("/v1/federation/sync")
     @endpoint("write", body_limit="federation_body_bytes")
@@ -34,8 +41,7 @@ def register(app: QuartTrio) -> None:
         ok={"200": ok("Envelope", "A signed sync_response")},
         errors={
             "400": "the payload is not {fromSequence, maxEntries, agreementId?}",
-            "401": "envelope missing or malformed; signature, timestamp, nonce or"
-            " controller invalid; wrong recipient; nonce replayed",
+            "401": ENVELOPE_REFUSED,
             "403": "unknown peer; peer may not sync; agreement not active",
         },
         body="Envelope",
@@ -50,8 +56,7 @@ def register(app: QuartTrio) -> None:
         ok={"200": ok("Envelope", "A signed discover_response")},
         errors={
             "400": "the payload is not {query: DiscoverRequest, agreementId?}",
-            "401": "envelope missing or malformed; signature, timestamp, nonce or"
-            " controller invalid; wrong recipient; nonce replayed",
+            "401": ENVELOPE_REFUSED,
             "403": "unknown peer; peer may not discover; agreement not active",
         },
         body="Envelope",

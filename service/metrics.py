@@ -23,6 +23,7 @@ from actors.federation import FederationHandle
 from actors.log import LogHandle
 from actors.writer import Writer
 from registry.coherence import Caches
+from registry.histogram import Histogram
 from registry.store import HealthStore
 from ws.events import EventDeps
 
@@ -61,6 +62,17 @@ def _gauge(name: str, text: str, value: float) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, text, value=value)
 
 
+def _histogram(name: str, text: str, histogram: Histogram) -> HistogramMetricFamily:
+    family = HistogramMetricFamily(name, text)
+    family.add_metric(
+        [],
+        [(str(bound), count) for bound, count in histogram.buckets.items()]
+        + [("+Inf", histogram.count)],
+        histogram.sum,
+    )
+    return family
+
+
 def _writer(s: Sources) -> Iterable[Metric]:
     stats = s.writer.statistics()
     yield _counter("registry_writer_batches", "Batches the writer committed", stats["batches"])
@@ -73,16 +85,11 @@ def _writer(s: Sources) -> Iterable[Metric]:
         "registry_writer_largest_batch", "The largest batch so far", stats["largest_batch"]
     )
     yield _gauge("registry_writer_queued", "Changes waiting for the next batch", stats["queued"])
-    sizes = HistogramMetricFamily(
-        "registry_writer_batch_size", "Changes per committed batch (group commit)"
+    yield _histogram(
+        "registry_writer_batch_size",
+        "Changes per committed batch (group commit)",
+        s.writer.batch_sizes(),
     )
-    sizes.add_metric(
-        [],
-        [(str(float(bound)), count) for bound, count in s.writer.batch_sizes().items()]
-        + [("+Inf", stats["batches"])],
-        stats["changes"],
-    )
-    yield sizes
     yield _gauge(
         "registry_writer_failing",
         "1 while the database refuses writes (read-only, full), else 0",
@@ -238,13 +245,8 @@ def _anchoring(s: Sources) -> Iterable[Metric]:
             "How long the oldest pending intent has waited",
             max(0.0, (s.now_ms() - stats.oldest_pending_ms) / 1000),
         )
-    finality = HistogramMetricFamily(
-        "registry_anchor_finality_seconds", "From a batch's claim to its confirmation"
+    yield _histogram(
+        "registry_anchor_finality_seconds",
+        "From a batch's claim to its confirmation",
+        stats.finality,
     )
-    finality.add_metric(
-        [],
-        [(str(bound), count) for bound, count in stats.finality.items()]
-        + [("+Inf", stats.finality_count)],
-        stats.finality_sum,
-    )
-    yield finality
