@@ -126,8 +126,11 @@ def _translate(exc: BaseException) -> BaseException:
     return Unavailable(what, code=code, details={"retryAfterSeconds": 1})
 
 
-# Database errors met by this process, by the code they were translated to (`/metrics`).
-ERRORS: Counter[str] = Counter()
+def _count_error(args: tuple[Any, ...], code: str) -> None:
+    """Count a database error in the store whose method met it (`PgStore.errors`)."""
+    errors = getattr(args[0], "errors", None) if args else None
+    if isinstance(errors, Counter):
+        errors[code] += 1
 
 
 def _seam(fn: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, Coroutine[Any, Any, T]]:
@@ -141,7 +144,7 @@ def _seam(fn: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, Coroutine[Any,
             with trio.fail_after(QUERY_TIMEOUT_SECONDS):
                 return await bridged(*args, **kwargs)  # type: ignore[no-any-return]
         except trio.TooSlowError:
-            ERRORS["database_timeout"] += 1
+            _count_error(args, "database_timeout")
             raise Unavailable(
                 "the database did not answer in time", code="database_timeout"
             ) from None
@@ -152,7 +155,7 @@ def _seam(fn: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, Coroutine[Any,
             asyncpg.exceptions.InternalClientError,
         ) as exc:
             translated = _translate(exc)
-            ERRORS[getattr(translated, "code", None) or type(exc).__name__] += 1
+            _count_error(args, getattr(translated, "code", None) or type(exc).__name__)
             if translated is exc:
                 raise
             raise translated from None
@@ -287,6 +290,8 @@ class PgStore:
 
     def __init__(self, pool: LeanPool) -> None:
         self._pool = pool
+        # Database errors met through this store, by the code they were translated to.
+        self.errors: Counter[str] = Counter()
 
     # --- health ---------------------------------------------------------------------------
 
@@ -294,7 +299,7 @@ class PgStore:
         return self._pool.statistics()
 
     def error_statistics(self) -> dict[str, int]:
-        return dict(ERRORS)
+        return dict(self.errors)
 
     @_seam
     async def live_processes(self) -> int:
