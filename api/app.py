@@ -6,7 +6,18 @@ from quart import Response, has_request_context, request, websocket
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from api import anchors, auth, console, discover, entries, federation, ops, transfers, trust
+from api import (
+    anchors,
+    auth,
+    console,
+    discover,
+    entries,
+    federation,
+    ops,
+    transfers,
+    transparency,
+    trust,
+)
 from api.errors import error_response
 from api.framing import with_framing_checks
 from api.http import Deps, fresh_request_id, new_request_id
@@ -15,7 +26,8 @@ from registry.errors import Invalid, MethodNotAllowed, NotFound, RegistryError, 
 
 
 def _register_routes(app: QuartTrio) -> None:
-    for module in (entries, auth, discover, ops, trust, transfers, anchors, federation, console):
+    modules = (entries, auth, discover, ops, trust, transfers, anchors, federation, transparency)
+    for module in (*modules, console):
         module.register(app)
 
 

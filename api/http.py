@@ -37,6 +37,7 @@ from registry.usecases.entries import Entries
 from registry.usecases.federation import Federation
 from registry.usecases.sessions import Sessions
 from registry.usecases.transfers import Transfers
+from registry.usecases.transparency import Transparency
 from registry.usecases.trust import Attestations, Bonds, Reports
 
 SESSION_COOKIE = "registry_session"
@@ -61,6 +62,7 @@ class Deps:
     transfers: Transfers
     anchors: Anchors
     federation: Federation
+    transparency: Transparency
     write_condition: Callable[[], str | None] = lambda: None  # the writer's last refusal
 
     @property

@@ -622,6 +622,48 @@ class Overview(DeepHealth):
     anchoring: AnchoringOverview
 
 
+# --- the verifiable log (docs/transparency.md) --------------------------------------------------
+
+B64_HASH = {"type": "string", "pattern": "^[A-Za-z0-9+/]{43}=$", "description": "base64 SHA-256"}
+
+
+class LogRecordServed(Response):
+    """One log position. `subject` and `data` are null and `redacted` holds the hex SHA-256 of
+    JCS({"subject", "data"}) for admin-only and internal kinds."""
+
+    sequence: Annotated[int, Field(ge=1)]
+    kind: str
+    subject: Annotated[str | None, _as({"type": ["string", "null"]})]
+    at: Time
+    data: Annotated[dict[str, Any] | None, _as({"type": ["object", "null"]})]
+    documentHash: Annotated[str, _as(HASH_HEX)] | None = None
+    redacted: Annotated[str, _as(HASH_HEX)] | None = None
+
+
+class LogRecords(Response):
+    records: list[LogRecordServed]
+    hasMore: bool
+    next: Annotated[int, Field(ge=1)]
+
+
+class InclusionProof(Response):
+    leafIndex: Annotated[int, Field(ge=0)]
+    treeSize: Annotated[int, Field(ge=1)]
+    proof: list[Annotated[str, _as(B64_HASH)]]
+
+
+class ConsistencyProof(Response):
+    from_: Annotated[int, Field(ge=1, alias="from")]
+    to: Annotated[int, Field(ge=1)]
+    proof: list[Annotated[str, _as(B64_HASH)]]
+
+
+class VersionProof(Response):
+    checkpoint: Annotated[str, _as({"type": "string", "description": "a C2SP signed note"})]
+    record: LogRecordServed
+    proof: InclusionProof
+
+
 # Schemas that are a JSON array at the top (no model of their own).
 ARRAYS = {
     "FederationPeers": "FederationPeer",
@@ -667,6 +709,10 @@ DOCUMENT_MODELS: list[type[BaseModel]] = [
     PeerUpdate,
     Envelope,
     Overview,
+    LogRecords,
+    InclusionProof,
+    ConsistencyProof,
+    VersionProof,
 ]
 
 

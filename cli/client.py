@@ -178,6 +178,37 @@ class RegistryClient:
         result: dict[str, Any] = self._request("GET", f"{entry_path(did)}/versions/{sequence}")
         return result
 
+    # --- the verifiable log (docs/transparency.md) -------------------------------------------
+
+    def checkpoint(self, tree_size: int | None = None) -> str:
+        """The signed checkpoint note (text), the newest or a stored one of `tree_size`."""
+        params = {} if tree_size is None else {"treeSize": str(tree_size)}
+        response = self._http.get("/v1/log/checkpoint", params=params)
+        if response.status_code >= 400:
+            try:
+                body: Any = response.json()
+            except ValueError:
+                body = response.text
+            raise RegistryClientError(response.status_code, body)
+        return response.text
+
+    def log_records(self, start: int, limit: int = 1000) -> dict[str, Any]:
+        """One page of log records from sequence `start` (GET /v1/log/records)."""
+        params = {"from": str(start), "limit": str(limit)}
+        result: dict[str, Any] = self._request("GET", "/v1/log/records", params=params)
+        return result
+
+    def consistency_proof(self, first: int, second: int) -> dict[str, Any]:
+        params = {"from": str(first), "to": str(second)}
+        result: dict[str, Any] = self._request("GET", "/v1/log/proof/consistency", params=params)
+        return result
+
+    def version_proof(self, did: str, sequence: int) -> dict[str, Any]:
+        """The proof bundle of one entry version (checkpoint, record, inclusion proof)."""
+        path = f"{entry_path(did)}/versions/{sequence}/proof"
+        result: dict[str, Any] = self._request("GET", path)
+        return result
+
     def versions(
         self, did: str, *, limit: int | None = None, cursor: str | None = None
     ) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import importlib
 import json
 import logging
 import os
@@ -1178,6 +1179,66 @@ def build_parser() -> argparse.ArgumentParser:
     url_flag(p)
     p.set_defaults(func=cmd_verify_anchor)
 
+    # the verifiable log
+    def registry_did_flag(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--registry-did",
+            metavar="DID",
+            help="the registry's did:key, whose key must sign the checkpoints (default: the"
+            " checkpoint's origin line, the registry's DID unless transparency.origin is set)",
+        )
+
+    p = command(
+        "verify-entry",
+        "check an entry version against the registry's signed, verifiable log",
+        "Fetch the proof bundle of one version (the newest checkpoint, the version's log record"
+        " and its inclusion proof) and check it: the checkpoint's signature, the proof up to"
+        " the checkpoint's root, the record's documentHash against the version as served and"
+        " the publisher's signature. Exit 0 when all hold, 1 with the evidence otherwise."
+        " docs/transparency.md.",
+    )
+    p.add_argument("did", metavar="DID", help="the entry's DID")
+    p.add_argument(
+        "--sequence",
+        type=int,
+        metavar="N",
+        help="the version's sequence (default: the entry's latest)",
+    )
+    registry_did_flag(p)
+    url_flag(p)
+    p.set_defaults(func=_lazy("cli.transparency", "cmd_verify_entry"))
+    p = command(
+        "audit",
+        "monitor a registry's log: every checkpoint consistent, every record hashed",
+        "Follow a registry's checkpoints: verify each one's signature and its consistency with"
+        " the last one verified, download every record since and check that they hash to the"
+        " checkpoint's root, and check each entry version's documentHash and publisher"
+        " signature. The state (the last checkpoint and its compact range) is kept in --state,"
+        " so a later run resumes. Exit 0 when all holds (and --follow is off), 1 at the first"
+        " inconsistency with a report and its evidence. docs/transparency.md.",
+    )
+    p.add_argument("url", metavar="URL", help="the registry's base URL")
+    p.add_argument(
+        "--state",
+        default="registry-audit.json",
+        metavar="FILE",
+        help="where the monitor keeps what it verified (default: %(default)s)",
+    )
+    p.add_argument(
+        "--follow",
+        action="store_true",
+        help="keep following: a pass every --interval seconds (default: one pass)",
+    )
+    p.add_argument(
+        "--interval",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="seconds between passes with --follow (default: %(default)s)",
+    )
+    registry_did_flag(p)
+    p.set_defaults(func=_lazy("cli.transparency", "cmd_audit"))
+
     # events
     p = command(
         "watch",
@@ -1225,6 +1286,18 @@ def _quiet_stdout() -> None:
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
     os.close(devnull)
+
+
+def _lazy(module: str, name: str) -> Callable[[argparse.Namespace], int]:
+    """A command whose module is imported only when it runs (the CLI starts fast)."""
+
+    def run(args: argparse.Namespace) -> int:
+        command: Callable[[argparse.Namespace], int] = getattr(
+            importlib.import_module(module), name
+        )
+        return command(args)
+
+    return run
 
 
 def main(argv: list[str] | None = None) -> int:

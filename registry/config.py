@@ -166,6 +166,16 @@ class AnchoringConfig(_Section):
     batches_in_flight: Annotated[int, Field(ge=1, le=64)] = 8
 
 
+class TransparencyConfig(_Section):
+    """The verifiable log (docs/transparency.md)."""
+
+    enabled: bool = True
+    # How often the checkpointer looks at the log head and issues a checkpoint if it grew.
+    checkpoint_seconds: Annotated[float, Field(gt=0, le=60)] = 1.0
+    # The checkpoint's origin line and the key name of its signature; empty: the registry DID.
+    origin: Annotated[str, Field(max_length=200, pattern=r"^[^\s+]*$")] = ""
+
+
 class PeerConfig(_Section):
     peer_did: str
     endpoint: str
@@ -269,6 +279,7 @@ class Config(_Section):
     auth: AuthConfig = Field(default_factory=AuthConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     anchoring: AnchoringConfig = Field(default_factory=AnchoringConfig)
+    transparency: TransparencyConfig = Field(default_factory=TransparencyConfig)
     bonds: BondsConfig = Field(default_factory=BondsConfig)
     federation: FederationConfig = Field(default_factory=FederationConfig)
     events: EventsConfig = Field(default_factory=EventsConfig)

@@ -20,10 +20,18 @@ from __future__ import annotations
 
 import base64
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import nacl.exceptions
 import nacl.signing
+
+from registry.canonical import canonicalize
+from registry.changes import CHANGE_KINDS, LogRecord, rfc3339_ms
+from registry.entries import check_entry
+from registry.errors import Invalid
+from registry.keys import SigningKey
 
 EMPTY_ROOT = hashlib.sha256(b"").digest()
 ED25519_TYPE = b"\x01"
@@ -56,33 +64,56 @@ def root(leaves: Sequence[bytes]) -> bytes:
 
 def inclusion_proof(index: int, leaves: Sequence[bytes]) -> list[bytes]:
     """PATH(index, D[n]): the audit path of leaf `index` in the tree of `leaves`."""
-    n = len(leaves)
-    if not 0 <= index < n:
-        raise ValueError(f"leaf index {index} is not in a tree of {n}")
-    if n == 1:
-        return []
-    k = _split(n)
-    if index < k:
-        return [*inclusion_proof(index, leaves[:k]), root(leaves[k:])]
-    return [*inclusion_proof(index - k, leaves[k:]), root(leaves[:k])]
+    return inclusion_path(index, len(leaves), lambda lo, hi: root(leaves[lo:hi]))
 
 
 def consistency_proof(m: int, leaves: Sequence[bytes]) -> list[bytes]:
     """PROOF(m, D[n]): that the tree of the first `m` of `leaves` is a prefix of theirs."""
-    n = len(leaves)
-    if not 0 < m <= n:
-        raise ValueError(f"no consistency proof from {m} to {n}")
-    return _subproof(m, leaves, True)
+    return consistency_path(m, len(leaves), lambda lo, hi: root(leaves[lo:hi]))
 
 
-def _subproof(m: int, leaves: Sequence[bytes], complete: bool) -> list[bytes]:
-    n = len(leaves)
-    if m == n:
-        return [] if complete else [root(leaves)]
-    k = _split(n)
-    if m <= k:
-        return [*_subproof(m, leaves[:k], complete), root(leaves[k:])]
-    return [*_subproof(m - k, leaves[k:], False), root(leaves[:k])]
+RangeHash = Callable[[int, int], bytes]  # MTH(D[lo:hi])
+
+
+def inclusion_path(index: int, size: int, mth: RangeHash) -> list[bytes]:
+    """PATH(index, D[size]) (RFC 9162 §2.1.3.1), asking `mth` for the hash of each sibling
+    range; the recursion unrolled top-down, the path returned bottom-up."""
+    if not 0 <= index < size:
+        raise ValueError(f"leaf index {index} is not in a tree of {size}")
+    path: list[bytes] = []
+    lo, hi = 0, size
+    while hi - lo > 1:
+        k = _split(hi - lo)
+        if index < lo + k:
+            path.append(mth(lo + k, hi))
+            hi = lo + k
+        else:
+            path.append(mth(lo, lo + k))
+            lo += k
+    path.reverse()
+    return path
+
+
+def consistency_path(m: int, size: int, mth: RangeHash) -> list[bytes]:
+    """PROOF(m, D[size]) (RFC 9162 §2.1.4.1): SUBPROOF(m, D[size], true), unrolled."""
+    if not 0 < m <= size:
+        raise ValueError(f"no consistency proof from {m} to {size}")
+    path: list[bytes] = []
+    lo, hi, complete = 0, size, True
+    while m != hi - lo:
+        k = _split(hi - lo)
+        if m <= k:
+            path.append(mth(lo + k, hi))
+            hi = lo + k
+        else:
+            path.append(mth(lo, lo + k))
+            lo += k
+            m -= k
+            complete = False
+    if not complete:
+        path.append(mth(lo, hi))
+    path.reverse()
+    return path
 
 
 def verify_inclusion(
@@ -168,6 +199,13 @@ def sign_note(body: str, key_name: str, key: nacl.signing.SigningKey) -> str:
     return f"{body}\n{SIGNATURE_PREFIX}{key_name} {base64.b64encode(blob).decode()}\n"
 
 
+def checkpoint_note(origin: str, size: int, tree_root: bytes, key: SigningKey) -> str:
+    """The registry's checkpoint of a tree: signed by its key, under the key name `origin`."""
+    return sign_note(
+        checkpoint_body(origin, size, tree_root), origin, nacl.signing.SigningKey(key.seed)
+    )
+
+
 def verify_note(note: str, key_name: str, public_key: bytes) -> str:
     """The body of `note` if it carries a valid signature of `public_key` under `key_name`
     (other signers' lines are ignored); ValueError otherwise."""
@@ -189,3 +227,293 @@ def verify_note(note: str, key_name: str, public_key: bytes) -> str:
             raise ValueError("the signature does not verify") from None
         return body
     raise ValueError(f"no signature of {key_name}")
+
+
+# --- the stored tree: tiles ----------------------------------------------------------------------
+#
+# The tree is stored as tiles (the layout of c2sp.org/tlog-tiles, in database rows): a tile of
+# level L holds up to TILE_WIDTH consecutive hashes of the tree's nodes at height L·TILE_HEIGHT,
+# each the root of a complete subtree of 2^(L·TILE_HEIGHT) leaves; level 0 holds the leaf hashes.
+# Tile (L, t) holds nodes t·W … t·W + W − 1; only the rightmost tile of a level is partial. Every
+# hash in a tile is final once written (a complete subtree never changes), so a full tile is
+# immutable and the partial one only grows. Any complete aligned subtree of height h is the root
+# of 2^(h mod TILE_HEIGHT) consecutive hashes of one tile of level h // TILE_HEIGHT, and any range
+# MTH(D[lo:hi]) the proofs ask for splits into such subtrees, so a proof reads a few tiles per
+# level. Storage: 32 bytes per leaf, plus 1/W of that per level above.
+
+TILE_HEIGHT = 8
+TILE_WIDTH = 1 << TILE_HEIGHT
+HASH_SIZE = 32
+
+TileKey = tuple[int, int]  # (level, index)
+
+
+def _complete_root(hashes: Sequence[bytes]) -> bytes:
+    """The root over a power-of-two count of node hashes."""
+    level = list(hashes)
+    while len(level) > 1:
+        level = [node_hash(level[i], level[i + 1]) for i in range(0, len(level), 2)]
+    return level[0]
+
+
+class TileReader:
+    """The hashes of a tree of `size` leaves, read from tiles (`tiles[(level, index)]`: the
+    concatenated hashes). `needed_for` says which tiles a computation reads, before it runs."""
+
+    def __init__(
+        self, size: int, tiles: Callable[[TileKey], bytes], *, height: int = TILE_HEIGHT
+    ) -> None:
+        self.size = size
+        self._tiles = tiles
+        self._height = height
+
+    def node(self, h: int, index: int) -> bytes:
+        """The root of the complete subtree of height `h` at position `index` of its level."""
+        level, rest = divmod(h, self._height)
+        first = index << rest
+        tile, offset = divmod(first, 1 << self._height)
+        data = self._tiles((level, tile))
+        count = 1 << rest
+        if len(data) < (offset + count) * HASH_SIZE:
+            raise LookupError(f"tile {level}/{tile} does not hold node {h}/{index}")
+        return _complete_root(
+            [data[i * HASH_SIZE : (i + 1) * HASH_SIZE] for i in range(offset, offset + count)]
+        )
+
+    def mth(self, lo: int, hi: int) -> bytes:
+        """MTH(D[lo:hi]) for a range the RFC's algorithms ask for (`lo` aligned on the split)."""
+        if not 0 <= lo < hi <= self.size:
+            raise ValueError(f"range {lo}..{hi} is not in a tree of {self.size}")
+        n = hi - lo
+        if n & (n - 1) == 0 and lo % n == 0:
+            h = n.bit_length() - 1
+            return self.node(h, lo >> h)
+        k = _split(n)
+        return node_hash(self.mth(lo, lo + k), self.mth(lo + k, hi))
+
+    def root(self) -> bytes:
+        return EMPTY_ROOT if self.size == 0 else self.mth(0, self.size)
+
+    @staticmethod
+    def needed_for(
+        size: int, compute: Callable[[TileReader], object], *, height: int = TILE_HEIGHT
+    ) -> set[TileKey]:
+        """The tiles `compute` reads from a reader of a tree of `size` leaves (a dry run over
+        placeholder hashes)."""
+        seen: set[TileKey] = set()
+        filler = bytes(HASH_SIZE << height)
+
+        def record(key: TileKey) -> bytes:
+            seen.add(key)
+            return filler
+
+        compute(TileReader(size, record, height=height))
+        return seen
+
+
+class TreeBuilder:
+    """Extends the stored tree leaf by leaf, holding only the rightmost (partial) tile of each
+    level: the tiles to write come out of `take_tiles`, and the root of the tree so far out of
+    `root` (every node it needs lies in those partial tiles)."""
+
+    def __init__(
+        self, size: int, edge: dict[int, bytes] | None = None, *, height: int = TILE_HEIGHT
+    ) -> None:
+        """`edge[L]`: the hashes of level L's partial tile of the tree of `size` leaves (as
+        stored; longer tiles are cut to the size)."""
+        self.size = size
+        self._height = height
+        self._width = 1 << height
+        self._levels: list[list[bytes]] = []
+        level = 0
+        while size >> (height * level):
+            width = (size >> (height * level)) & (self._width - 1)
+            data = (edge or {}).get(level, b"")
+            if len(data) < width * HASH_SIZE:
+                raise ValueError(f"the partial tile of level {level} holds fewer than {width}")
+            self._levels.append([data[i * HASH_SIZE : (i + 1) * HASH_SIZE] for i in range(width)])
+            level += 1
+        self._dirty: dict[TileKey, bytes] = {}
+
+    @staticmethod
+    def edge_tiles(size: int, *, height: int = TILE_HEIGHT) -> list[TileKey]:
+        """The partial tiles a builder resumes from, for a tree of `size` leaves."""
+        keys = []
+        level = 0
+        while size >> (height * level):
+            if (size >> (height * level)) & ((1 << height) - 1):
+                keys.append((level, size >> (height * (level + 1))))
+            level += 1
+        return keys
+
+    def append(self, leaf: bytes) -> None:
+        value, level = leaf, 0
+        position = self.size
+        while True:
+            if level == len(self._levels):
+                self._levels.append([])
+            tile = self._levels[level]
+            tile.append(value)
+            key = (level, position >> (self._height * (level + 1)))
+            self._dirty[key] = b"".join(tile)
+            if len(tile) < self._width:
+                break
+            value = _complete_root(tile)
+            self._levels[level] = []
+            level += 1
+        self.size += 1
+
+    def take_tiles(self) -> dict[TileKey, bytes]:
+        """The tiles changed since the last call, each in full (full or partial)."""
+        dirty, self._dirty = self._dirty, {}
+        return dirty
+
+    def _edge(self, key: TileKey) -> bytes:
+        level, index = key
+        if index != self.size >> (self._height * (level + 1)):
+            raise LookupError(f"tile {level}/{index} is not on the tree's right edge")
+        return b"".join(self._levels[level])
+
+    def root(self) -> bytes:
+        return TileReader(self.size, self._edge, height=self._height).root()
+
+
+@dataclass(frozen=True)
+class StoredCheckpoint:
+    """A checkpoint the registry issued: the tree size, its root, the signed note (the
+    registry's own signature only) and when it was issued."""
+
+    size: int
+    root: bytes
+    note: str
+    at_ms: int
+
+
+# --- the records ---------------------------------------------------------------------------------
+
+
+def audience(kind: str) -> str:
+    """Who may read a kind's subject and data (an unknown kind's are redacted)."""
+    known = CHANGE_KINDS.get(kind)
+    return "internal" if known is None else known.audience
+
+
+def log_record(record: LogRecord, document_hash: str | None) -> dict[str, Any]:
+    """The record of one log position as `GET /v1/log/records` serves it and the tree commits
+    to. A public kind shows its subject and data, and an entry version's `documentHash`; an
+    admin or internal kind shows neither, only `redacted`: the hex SHA-256 of
+    JCS({"subject", "data"}), so the leaf stays the same for everyone who reads it."""
+    out: dict[str, Any] = {
+        "sequence": record.seq,
+        "kind": record.kind,
+        "subject": record.entry_did,
+        "at": rfc3339_ms(record.at_ms),
+        "data": dict(record.data),
+    }
+    if audience(record.kind) != "public":
+        hidden = canonicalize({"subject": record.entry_did, "data": out["data"]})
+        out["subject"] = None
+        out["data"] = None
+        out["redacted"] = hashlib.sha256(hidden).hexdigest()
+    elif document_hash is not None:
+        out["documentHash"] = document_hash
+    return out
+
+
+def record_leaf(record: dict[str, Any]) -> bytes:
+    """The leaf hash of a served record: SHA-256(0x00 ‖ JCS(record))."""
+    return leaf_hash(canonicalize(record))
+
+
+def leaves_of(records: Sequence[tuple[LogRecord, str | None]]) -> list[bytes]:
+    """The leaf hashes of log records, each with its entry version's document hash."""
+    return [record_leaf(log_record(record, digest)) for record, digest in records]
+
+
+# --- what a monitor or a client checks -----------------------------------------------------------
+
+
+class CompactRange:
+    """The roots of the complete subtrees that make up a tree of `size` leaves, largest first
+    (at most one per bit of the size): enough to extend the tree leaf by leaf and to compute its
+    root, in O(log n) memory. What a monitor keeps between runs."""
+
+    def __init__(self, size: int = 0, hashes: Sequence[bytes] = ()) -> None:
+        if len(hashes) != size.bit_count():
+            raise ValueError(f"a tree of {size} leaves has {size.bit_count()} subtree roots")
+        self.size = size
+        self.hashes = list(hashes)
+
+    def append(self, leaf: bytes) -> None:
+        self.hashes.append(leaf)
+        merged = self.size
+        while merged & 1:  # each trailing one bit of the old size is a subtree to merge
+            right = self.hashes.pop()
+            self.hashes[-1] = node_hash(self.hashes[-1], right)
+            merged >>= 1
+        self.size += 1
+
+    def root(self) -> bytes:
+        if not self.hashes:
+            return EMPTY_ROOT
+        value = self.hashes[-1]
+        for left in reversed(self.hashes[:-1]):
+            value = node_hash(left, value)
+        return value
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A checkpoint's body: origin, tree size and root."""
+
+    origin: str
+    size: int
+    root: bytes
+
+
+def open_checkpoint(note: str, public_key: bytes, key_name: str | None = None) -> Checkpoint:
+    """The checkpoint in `note`, checked: signed by `public_key` under `key_name` (default: the
+    note's origin line), its size a decimal integer and its root 32 bytes; ValueError
+    otherwise."""
+    origin = note.split("\n", 1)[0]
+    body = verify_note(note, key_name or origin, public_key)
+    lines = body.split("\n")
+    if len(lines) < 4 or lines[0] != origin:
+        raise ValueError("a checkpoint body is origin, size and root")
+    size_text, root_text = lines[1], lines[2]
+    if (
+        not size_text.isascii()
+        or not size_text.isdigit()
+        or (size_text != "0" and size_text[0] == "0")
+    ):
+        raise ValueError(f"the tree size {size_text!r} is not a decimal integer")
+    tree_root = base64.b64decode(root_text, validate=True)
+    if len(tree_root) != HASH_SIZE:
+        raise ValueError("the root hash is not 32 bytes")
+    return Checkpoint(origin, int(size_text), tree_root)
+
+
+def document_hashes(version: Mapping[str, Any]) -> set[str]:
+    """The hex SHA-256 a version's record may commit to: of JCS(version) as served now, and as
+    it was served when written, `anchorState` being the one member the registry changes later
+    (it was `pending` then whenever it has moved since)."""
+    served = hashlib.sha256(canonicalize(dict(version))).hexdigest()
+    written = hashlib.sha256(canonicalize({**version, "anchorState": "pending"})).hexdigest()
+    return {served, written}
+
+
+def check_version(record: Mapping[str, Any], version: Mapping[str, Any]) -> list[str]:
+    """What is wrong between an entry version's log record and the version as served (its
+    place, its document hash, its publisher's signature): the problems, none if it holds."""
+    problems = []
+    if version.get("sequence") != record.get("sequence"):
+        problems.append("the version's sequence is not its record's")
+    if version.get("entryDid") != record.get("subject"):
+        problems.append("the version's entryDid is not its record's subject")
+    if record.get("documentHash") not in document_hashes(version):
+        problems.append("the record's documentHash is not the SHA-256 of the version's JCS")
+    try:
+        check_entry(dict(version))
+    except Invalid as exc:
+        problems.append(f"the publisher's signature does not hold: {exc.message}")
+    return problems

@@ -20,6 +20,7 @@ from actors.janitor import run_janitor
 from actors.log import LogHandle, run_log
 from actors.ratelimiter import RateLimiter, run_rate_limiter, share_limits
 from actors.supervisor import database_ready, supervise
+from actors.transparency import TransparencyHandle, run_checkpointer
 from actors.writer import Writer, run_writer
 from api.app import create_app
 from api.http import Deps
@@ -42,6 +43,7 @@ from registry.usecases.entries import Entries
 from registry.usecases.federation import Federation
 from registry.usecases.sessions import Sessions
 from registry.usecases.transfers import Transfers
+from registry.usecases.transparency import Transparency
 from registry.usecases.trust import Attestations, Bonds, Reports
 from service.metrics import Sources, collectors
 from ws.events import EventDeps, register_events
@@ -61,6 +63,7 @@ class Service:
     limiter: RateLimiter
     anchoring: AnchoringHandle
     federation: FederationHandle
+    transparency: TransparencyHandle
 
 
 @asynccontextmanager
@@ -137,6 +140,23 @@ async def open_service(
         discovery = Discovery(
             store=store, config=config, cursors=CursorCodec(key.seed), results=caches.results
         )
+        transparency = TransparencyHandle()
+        if config.transparency.enabled:
+            nursery.start_soon(
+                partial(
+                    supervise,
+                    "transparency",
+                    partial(
+                        run_checkpointer,
+                        store,
+                        key,
+                        config.transparency.origin or key.did,
+                        every_seconds=config.transparency.checkpoint_seconds,
+                        handle=transparency,
+                    ),
+                    ready=database_ready(store, writes=True),
+                )
+            )
         anchoring = AnchoringHandle()
         if config.anchoring.enabled:
             await _start_anchoring(nursery, config, store, writer, anchoring)
@@ -245,12 +265,23 @@ async def open_service(
                 on_change=anchoring.nudge,
             ),
             federation=federation,
+            transparency=Transparency(store),
             write_condition=writer.condition,
         )
         app = create_app(deps)
         register_events(app, event_deps)
         yield Service(
-            config, store, app, deps, writer, logs, caches, limiter, anchoring, federation_handle
+            config,
+            store,
+            app,
+            deps,
+            writer,
+            logs,
+            caches,
+            limiter,
+            anchoring,
+            federation_handle,
+            transparency,
         )
         nursery.cancel_scope.cancel()
 

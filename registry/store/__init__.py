@@ -6,12 +6,14 @@ protocol keeps the driver swappable and lets pure code be tested without a datab
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from registry.anchoring import Member
 from registry.changes import Change, IdemKey, LogRecord, Outcome, Refusal
+from registry.transparency import StoredCheckpoint, TileKey
 
 if TYPE_CHECKING:
     from registry.query import RegistryQuery
@@ -39,6 +41,7 @@ __all__ = [
     "SessionRecord",
     "SessionStore",
     "Store",
+    "TransparencyStore",
     "TrustStore",
 ]
 
@@ -356,8 +359,32 @@ class FederationStore(LeaderStore, Protocol):
         ...
 
 
+class TransparencyStore(LeaderStore, Protocol):
+    """The verifiable log (issue 20): the records the tree commits to, its tiles, checkpoints."""
+
+    async def log_records(self, after_seq: int, limit: int) -> list[tuple[LogRecord, str | None]]:
+        """Log records after `after_seq` in order, each with the lowercase hex SHA-256 of the
+        entry version written at its sequence (None where none was)."""
+        ...
+
+    async def log_head(self) -> int: ...
+    async def tree_tiles(self, keys: Collection[TileKey]) -> dict[TileKey, bytes]:
+        """The stored tiles among `keys`."""
+        ...
+
+    async def latest_checkpoint(self) -> StoredCheckpoint | None: ...
+    async def checkpoint_of_size(self, size: int) -> StoredCheckpoint | None: ...
+    async def store_checkpoint(
+        self, tiles: Mapping[TileKey, bytes], checkpoint: StoredCheckpoint
+    ) -> bool:
+        """Write the tiles and the checkpoint in one transaction; False (nothing written) if a
+        checkpoint of that size or a larger one is already stored."""
+        ...
+
+
 class Store(
     HealthStore,
+    TransparencyStore,
     LogStore,
     EntryStore,
     DiscoveryStore,

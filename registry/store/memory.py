@@ -22,9 +22,10 @@ completes), `drop_wakeups` (appends notify nobody, as a lost NOTIFY),
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -58,6 +59,7 @@ from registry.store import (
     SessionRecord,
     Store,
 )
+from registry.transparency import StoredCheckpoint, TileKey
 
 if TYPE_CHECKING:
     from registry.query import RegistryQuery
@@ -179,6 +181,8 @@ class _Tables:
         self.entries: dict[str, _Entry] = {}
         self.versions: dict[int, _Version] = {}  # by sequence
         self.versions_of: dict[str, list[int]] = {}  # entry DID → its version sequences, in order
+        self.tiles: dict[TileKey, bytes] = {}
+        self.checkpoints: dict[int, StoredCheckpoint] = {}
         self.idempotency: dict[_IdemId, _IdemRecord] = {}
         self.challenges: dict[str, _Challenge] = {}
         self.sessions: dict[bytes, _Session] = {}
@@ -1169,6 +1173,44 @@ class MemoryStore:
     async def log_head(self) -> int:
         await self._call(write=False)
         return len(self._tables.log)
+
+    # --- the verifiable log ----------------------------------------------------------------
+
+    async def log_records(self, after_seq: int, limit: int) -> list[tuple[LogRecord, str | None]]:
+        await self._call(write=False)
+        start = max(after_seq, 0)
+        out: list[tuple[LogRecord, str | None]] = []
+        for record in self._tables.log[start : start + max(limit, 0)]:
+            version = self._tables.versions.get(record.seq)
+            digest = None if version is None else hashlib.sha256(version.doc.encode()).hexdigest()
+            out.append((record, digest))
+        return out
+
+    async def tree_tiles(self, keys: Collection[TileKey]) -> dict[TileKey, bytes]:
+        await self._call(write=False)
+        return {key: self._tables.tiles[key] for key in keys if key in self._tables.tiles}
+
+    async def latest_checkpoint(self) -> StoredCheckpoint | None:
+        await self._call(write=False)
+        checkpoints = self._tables.checkpoints
+        return checkpoints[max(checkpoints)] if checkpoints else None
+
+    async def checkpoint_of_size(self, size: int) -> StoredCheckpoint | None:
+        await self._call(write=False)
+        return self._tables.checkpoints.get(size)
+
+    async def store_checkpoint(
+        self, tiles: Mapping[TileKey, bytes], checkpoint: StoredCheckpoint
+    ) -> bool:
+        await self._call(write=True)
+        checkpoints = self._tables.checkpoints
+        if checkpoints and max(checkpoints) >= checkpoint.size:
+            return False
+        for key, hashes in tiles.items():
+            if len(hashes) > len(self._tables.tiles.get(key, b"")):
+                self._tables.tiles[key] = hashes
+        checkpoints[checkpoint.size] = checkpoint
+        return True
 
     @asynccontextmanager
     async def listen_log(self) -> AsyncIterator[MemoryWakeups]:

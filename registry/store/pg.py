@@ -16,7 +16,7 @@ import json
 import logging
 import secrets
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Collection, Coroutine, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, ParamSpec, TypeVar
 
@@ -52,6 +52,7 @@ from registry.store import (
 )
 from registry.store.discover import Plan, compile_discover
 from registry.store.pool import LeanPool
+from registry.transparency import StoredCheckpoint, TileKey
 
 log = logging.getLogger(__name__)
 P = ParamSpec("P")
@@ -279,6 +280,12 @@ class PgLeadership:
     async def lost(self) -> None:
         await self._lost.wait()
         raise Unavailable("the leadership connection was lost", code="database_unavailable")
+
+
+def _checkpoint(row: Any) -> StoredCheckpoint:
+    return StoredCheckpoint(
+        row["tree_size"], bytes(row["root"]), row["note"], _ms(row["created_at"])
+    )
 
 
 def _ms(value: Any) -> int:
@@ -892,6 +899,86 @@ class PgStore:
     @_seam
     async def log_head(self) -> int:
         return int(await self._pool.fetchval("SELECT seq FROM log_head WHERE id = 1"))
+
+    # --- the verifiable log (migration 0017) -----------------------------------------------
+
+    @_seam
+    async def log_records(self, after_seq: int, limit: int) -> list[tuple[LogRecord, str | None]]:
+        rows = await self._pool.fetch(
+            "SELECT l.seq, l.kind, l.entry_did, l.at, l.data,"
+            "       encode(sha256(convert_to(v.doc, 'UTF8')), 'hex') AS document_hash"
+            "  FROM log l LEFT JOIN entry_versions v ON v.seq = l.seq"
+            " WHERE l.seq > $1 ORDER BY l.seq LIMIT $2",
+            after_seq,
+            limit,
+        )
+        return [
+            (
+                LogRecord(r["seq"], r["kind"], r["entry_did"], _ms(r["at"]), json.loads(r["data"])),
+                r["document_hash"],
+            )
+            for r in rows
+        ]
+
+    @_seam
+    async def tree_tiles(self, keys: Collection[TileKey]) -> dict[TileKey, bytes]:
+        if not keys:
+            return {}
+        levels, indexes = zip(*keys, strict=True)
+        rows = await self._pool.fetch(
+            "SELECT t.level, t.idx, t.hashes FROM log_tiles t"
+            " JOIN unnest($1::smallint[], $2::bigint[]) AS k(level, idx)"
+            "   ON t.level = k.level AND t.idx = k.idx",
+            list(levels),
+            list(indexes),
+        )
+        return {(r["level"], r["idx"]): bytes(r["hashes"]) for r in rows}
+
+    @_seam
+    async def latest_checkpoint(self) -> StoredCheckpoint | None:
+        row = await self._pool.fetchrow(
+            "SELECT tree_size, root, note, created_at FROM log_checkpoints"
+            " ORDER BY tree_size DESC LIMIT 1"
+        )
+        return None if row is None else _checkpoint(row)
+
+    @_seam
+    async def checkpoint_of_size(self, size: int) -> StoredCheckpoint | None:
+        row = await self._pool.fetchrow(
+            "SELECT tree_size, root, note, created_at FROM log_checkpoints WHERE tree_size = $1",
+            size,
+        )
+        return None if row is None else _checkpoint(row)
+
+    @_seam
+    async def store_checkpoint(
+        self, tiles: Mapping[TileKey, bytes], checkpoint: StoredCheckpoint
+    ) -> bool:
+        async with self._pool.acquire() as conn, conn.transaction():
+            # One writer at a time, whoever holds the leadership: a stale leader finds the
+            # newer checkpoint and writes nothing (tiles are a function of the log anyway).
+            await conn.execute("LOCK TABLE log_checkpoints IN SHARE ROW EXCLUSIVE MODE")
+            newest = await conn.fetchval("SELECT max(tree_size) FROM log_checkpoints")
+            if newest is not None and newest >= checkpoint.size:
+                return False
+            if tiles:
+                levels, indexes = zip(*tiles, strict=True)
+                await conn.execute(
+                    "INSERT INTO log_tiles (level, idx, hashes)"
+                    " SELECT * FROM unnest($1::smallint[], $2::bigint[], $3::bytea[])"
+                    " ON CONFLICT (level, idx) DO UPDATE SET hashes = EXCLUDED.hashes"
+                    " WHERE octet_length(EXCLUDED.hashes) > octet_length(log_tiles.hashes)",
+                    list(levels),
+                    list(indexes),
+                    list(tiles.values()),
+                )
+            await conn.execute(
+                "INSERT INTO log_checkpoints (tree_size, root, note) VALUES ($1, $2, $3)",
+                checkpoint.size,
+                checkpoint.root,
+                checkpoint.note,
+            )
+        return True
 
     # --- notifications --------------------------------------------------------------------
 

@@ -86,6 +86,9 @@ BEYOND_THE_SCHEMA: dict[str, frozenset[str]] = {
     ),
     # Another resource: the entry's publisher.
     "POST /v1/admin/bonds": frozenset({"bond_publisher_mismatch"}),
+    # Two sizes in order: a sequence within its tree, a prefix no larger than the tree.
+    "GET /v1/log/proof/inclusion": frozenset({"invalid_sequence"}),
+    "GET /v1/log/proof/consistency": frozenset({"invalid_tree_size"}),
 }
 
 

@@ -113,6 +113,7 @@ def test_every_option_has_help_that_says_its_default() -> None:
     assert set(commands) == {
         *("serve", "migrate", "keygen", "login", "logout", "publish", "update"),
         *("get", "versions", "delete", "watch", "verify-anchor", "peers", "status"),
+        *("verify-entry", "audit"),
     }
     for name, command in [("registry", parser), *commands.items()]:
         for action in command._actions:

@@ -713,7 +713,8 @@ def story_embedded(ctx: Context) -> Outputs:
     and a fresh data directory (/tmp/docrun/fresh and 18950 on the page): the embedded
     PostgreSQL starts; a second `serve` on DIR is refused; SIGTERM stops it all. DIR is made
     under /tmp with mode 0755, so that as root the cluster's OS user can reach it. The actors'
-    log lines (logger `actors.*`) run beside the start, so they are shown after it."""
+    log lines (logger `actors.*`) run beside the start, so they are shown after it, in the order
+    of their loggers."""
     base = Path(tempfile.mkdtemp(prefix="registry-docs-"))
     try:
         base.chmod(0o755)
@@ -725,13 +726,14 @@ def story_embedded(ctx: Context) -> Outputs:
         args = ["--data-dir", str(data), "--port", str(port)]
         with serving(args, sandbox.environ(), sandbox.home) as server:
             log = server.log
-            log.until(lambda got: _logged(got, "anchoring leader"))
+            log.until(lambda got: _logged(got, "anchoring leader") and _logged(got, "checkpoints"))
             started = len(log.lines)
             status, in_use = sandbox.run(f"registry serve --data-dir {data} --port {free_port()}")
             assert status == 1, in_use
         log.until(lambda got: False)  # to its end: the process has exited
         start = [line.rstrip("\n") for line in log.lines[:started]]
-        start = [x for x in start if " actors." not in x] + [x for x in start if " actors." in x]
+        actors = sorted((x for x in start if " actors." in x), key=lambda x: x.split(" ", 3)[3])
+        start = [x for x in start if " actors." not in x] + actors
         stop = [line.rstrip("\n") for line in log.lines[started:]]
         return {
             "startup-log": aliases.documented("\n".join(start)),

@@ -157,3 +157,112 @@ def test_a_checkpoint_is_a_c2sp_signed_note_byte_for_byte() -> None:
         t.verify_note(note, "registry.example/log", bytes(other.verify_key))
     with pytest.raises(ValueError, match="does not verify"):
         t.verify_note(note.replace("\n5\n", "\n6\n"), "registry.example/log", public)
+
+
+# --- the stored tree: tiles ----------------------------------------------------------------------
+
+
+def build(n: int, height: int, *, every: int = 1) -> tuple[t.TreeBuilder, dict[t.TileKey, bytes]]:
+    """A builder fed the first n test leaves, its tiles written every `every` leaves (each
+    write resuming a new builder from the stored edge, as a restarted leader would)."""
+    stored: dict[t.TileKey, bytes] = {}
+    builder = t.TreeBuilder(0, height=height)
+    for i, leaf in enumerate(leaves(n)):
+        builder.append(leaf)
+        if (i + 1) % every == 0:
+            stored.update(builder.take_tiles())
+            edge = t.TreeBuilder.edge_tiles(builder.size, height=height)
+            builder = t.TreeBuilder(
+                builder.size, {level: stored[(level, idx)] for level, idx in edge}, height=height
+            )
+    stored.update(builder.take_tiles())
+    return builder, stored
+
+
+@pytest.mark.parametrize("height", [1, 2, 3])
+def test_the_builders_root_is_the_trees_at_every_size_across_several_tile_levels(
+    height: int,
+) -> None:
+    builder = t.TreeBuilder(0, height=height)
+    for size, leaf in enumerate(leaves(80), start=1):
+        builder.append(leaf)
+        assert builder.root() == mth(leaves(size)), size
+
+
+@pytest.mark.parametrize(("height", "every"), [(1, 1), (2, 3), (3, 5), (8, 7)])
+def test_proofs_read_from_tiles_match_the_recursive_definitions(height: int, every: int) -> None:
+    """The tiles written as the tree grows (resumed from the stored edge after every write)
+    answer every proof of every smaller tree, with an RFC verifier's agreement."""
+    n = 70
+    _, stored = build(n, height, every=every)
+    for size in range(1, n + 1):
+        reader = t.TileReader(size, stored.__getitem__, height=height)
+        expected = mth(leaves(size))
+        assert reader.root() == expected
+        for index in range(size):
+            proof = t.inclusion_path(index, size, reader.mth)
+            assert root_from_path(index, size, leaves(size)[index], proof) == expected
+        for m in range(1, size + 1):
+            proof = t.consistency_path(m, size, reader.mth)
+            assert roots_from_proof(m, size, proof, mth(leaves(m))) == (
+                mth(leaves(m)),
+                expected,
+            )
+
+
+def test_a_proof_reads_only_the_tiles_its_dry_run_named() -> None:
+    _, stored = build(1000, 3)
+    size = 999
+    needed = t.TileReader.needed_for(size, lambda r: t.inclusion_path(517, size, r.mth), height=3)
+    assert 0 < len(needed) <= 12
+    only = {key: stored[key] for key in needed}
+    reader = t.TileReader(size, only.__getitem__, height=3)
+    assert t.verify_inclusion(
+        517, size, leaves(size)[517], t.inclusion_path(517, size, reader.mth), mth(leaves(size))
+    )
+
+
+def test_tiles_hold_32_bytes_per_leaf_and_a_width_th_per_level_above() -> None:
+    _, stored = build(4096, 8)
+    total = sum(len(v) for v in stored.values())
+    assert total == 32 * (4096 + 16)  # 16 level-1 nodes, no level-2 node yet
+    assert all(len(v) <= 32 * 256 for v in stored.values())
+
+
+def test_a_builder_refuses_an_edge_shorter_than_its_size() -> None:
+    with pytest.raises(ValueError, match="fewer"):
+        t.TreeBuilder(5, {0: bytes(32 * 4)}, height=8)
+
+
+# --- what a monitor checks -----------------------------------------------------------------------
+
+
+def test_a_compact_range_gives_every_root_and_keeps_one_hash_per_bit_of_the_size() -> None:
+    tree = t.CompactRange()
+    assert tree.root() == mth([])
+    for size, leaf in enumerate(leaves(130), start=1):
+        tree.append(leaf)
+        assert tree.root() == mth(leaves(size))
+        assert len(tree.hashes) == size.bit_count()
+        resumed = t.CompactRange(size, tree.hashes)  # what a monitor reloads from its state
+        assert resumed.root() == tree.root()
+    with pytest.raises(ValueError, match="subtree roots"):
+        t.CompactRange(5, leaves(1))
+
+
+def test_a_checkpoint_opens_only_with_its_signers_key_and_a_well_formed_body() -> None:
+    key = nacl.signing.SigningKey(bytes(range(32)))
+    public = bytes(key.verify_key)
+    root = h(b"root")
+    note = t.sign_note(t.checkpoint_body("example.org/log", 42, root), "example.org/log", key)
+    assert t.open_checkpoint(note, public) == t.Checkpoint("example.org/log", 42, root)
+    other = bytes(nacl.signing.SigningKey(bytes(32)).verify_key)
+    with pytest.raises(ValueError, match="no signature"):
+        t.open_checkpoint(note, other)
+    for size in ("042", "-1", "x", "+1"):
+        body = f"example.org/log\n{size}\n{base64.b64encode(root).decode()}\n"
+        with pytest.raises(ValueError, match="not a decimal integer"):
+            t.open_checkpoint(t.sign_note(body, "example.org/log", key), public)
+    short = t.sign_note("example.org/log\n1\nAAAA\n", "example.org/log", key)
+    with pytest.raises(ValueError, match="32 bytes"):
+        t.open_checkpoint(short, public)

@@ -1,0 +1,194 @@
+"""The verifiable log end to end (issue 20): HTTP in, PostgreSQL and the checkpointer, HTTP out,
+every byte checked by code written here from RFC 9162, RFC 8785 (the independent `jcs`
+package) and C2SP signed notes, never by the service's own verifier."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import jcs
+import nacl.signing
+import pytest
+import trio
+
+from registry.did import public_key_from_did_key
+from registry.keys import SigningKey
+from tests.api.api_support import anon_client, error_of
+from tests.conftest import Harness, make_config, open_harness
+from tests.db.test_federation_process import databases
+from tests.helpers import bearer, idem, next_version, sign_in, signed_entry
+from tests.registry.test_transparency import mth, root_from_path, roots_from_proof
+
+
+def leaf(record: dict[str, Any]) -> bytes:
+    return hashlib.sha256(b"\x00" + jcs.canonicalize(record)).digest()
+
+
+def parse_checkpoint(note: str, registry_did: str) -> tuple[str, int, bytes]:
+    """(origin, size, root) of a checkpoint signed by the registry's key, checked here."""
+    body, signatures = note.split("\n\n", 1)
+    origin, size, root_b64 = body.split("\n")
+    public = public_key_from_did_key(registry_did)
+    key_id = hashlib.sha256(origin.encode() + b"\n\x01" + public).digest()[:4]
+    lines = signatures.rstrip("\n").split("\n")
+    ours = [line for line in lines if line.startswith(f"\u2014 {origin} ")]
+    assert len(ours) == 1, note
+    blob = base64.b64decode(ours[0].rsplit(" ", 1)[1])
+    assert blob[:4] == key_id
+    nacl.signing.VerifyKey(public).verify((body + "\n").encode(), blob[4:])
+    return origin, int(size), base64.b64decode(root_b64)
+
+
+async def get_json(h: Harness, path: str) -> Any:
+    r = await anon_client(h).get(path)
+    assert r.status_code == 200, await r.get_data()
+    return await r.get_json()
+
+
+async def all_records(h: Harness) -> list[dict[str, Any]]:
+    records: list[dict[str, Any]] = []
+    start = 1
+    while True:
+        page = await get_json(h, f"/v1/log/records?from={start}&limit=2")
+        records += page["records"]
+        start = page["next"]
+        if not page["hasMore"]:
+            return records
+
+
+async def publish(h: Harness) -> tuple[str, list[int]]:
+    """An entry created and updated, a sign-out: public and internal records."""
+    key = SigningKey.generate()
+    token = await sign_in(h.client, key)
+    r = await h.client.post("/v1/entries", json=signed_entry(key), headers=bearer(token, **idem()))
+    assert r.status_code == 201, await r.get_data()
+    created = await r.get_json()
+    did = created["entryDid"]
+    entry = signed_entry(key, did, sequence=created["sequence"], version=next_version())
+    r = await h.client.put(f"/v1/entries/{did}", json=entry, headers=bearer(token, **idem()))
+    assert r.status_code == 200, await r.get_data()
+    updated = await r.get_json()
+    r = await h.client.post("/v1/auth/logout", headers=bearer(token, **idem()))
+    assert r.status_code in (200, 204), await r.get_data()
+    return did, [created["sequence"], updated["sequence"]]
+
+
+@pytest.fixture
+def fresh_url(database_url: str) -> Iterator[str]:
+    """A database of this test's own: its log holds only what the test wrote."""
+    with databases(database_url) as new_database:
+        yield new_database()
+
+
+@pytest.fixture
+async def fresh(fresh_url: str, tmp_path: Path) -> AsyncIterator[Harness]:
+    async for h in open_harness(make_config(fresh_url, tmp_path)):
+        yield h
+
+
+async def test_the_served_records_hash_to_the_signed_checkpoint_and_every_proof_verifies(
+    fresh: Harness,
+) -> None:
+    h = fresh
+    did, sequences = await publish(h)
+    with trio.fail_after(10):
+        first = await h.service.transparency.checkpointed(await h.store.log_head())
+        await publish(h)  # the log grows past that checkpoint
+        await h.service.transparency.checkpointed(await h.store.log_head())
+    r = await anon_client(h).get("/v1/log/checkpoint")
+    assert r.status_code == 200
+    assert r.headers["Content-Type"] == "text/plain; charset=utf-8"
+    origin, size, root = parse_checkpoint((await r.get_data()).decode(), h.deps.registry_did)
+    assert origin == h.deps.registry_did
+    assert size == await h.store.log_head()
+
+    records = await all_records(h)
+    assert [rec["sequence"] for rec in records] == list(range(1, size + 1))
+    assert mth([leaf(rec) for rec in records]) == root
+
+    # Entry records commit to the version documents as served.
+    for sequence in sequences:
+        [record] = [rec for rec in records if rec["sequence"] == sequence]
+        assert record["subject"] == did
+        served = await anon_client(h).get(f"/v1/entries/{did}/versions/{sequence}")
+        digest = hashlib.sha256(jcs.canonicalize(json.loads(await served.get_data()))).hexdigest()
+        assert record["documentHash"] == digest
+    # The sign-out is internal: its subject and data are hidden behind their digest.
+    revoked = [rec for rec in records if rec["kind"] == "session.revoked"]
+    assert len(revoked) == 2
+    for record in revoked:
+        assert record["subject"] is None
+        assert record["data"] is None
+        assert len(record["redacted"]) == 64
+
+    # Every inclusion proof leads to the checkpoint's root.
+    leaves = [leaf(rec) for rec in records]
+    for sequence in range(1, size + 1):
+        proof = await get_json(h, f"/v1/log/proof/inclusion?sequence={sequence}&treeSize={size}")
+        assert proof["leafIndex"] == sequence - 1
+        assert proof["treeSize"] == size
+        path = [base64.b64decode(p) for p in proof["proof"]]
+        assert root_from_path(sequence - 1, size, leaves[sequence - 1], path) == root
+
+    # The earlier checkpoint is stored, and the log since is consistent with it.
+    r = await anon_client(h).get(f"/v1/log/checkpoint?treeSize={first.size}")
+    _, old_size, old_root = parse_checkpoint((await r.get_data()).decode(), h.deps.registry_did)
+    assert old_size == first.size < size
+    proof = await get_json(h, f"/v1/log/proof/consistency?from={old_size}&to={size}")
+    assert (proof["from"], proof["to"]) == (old_size, size)
+    path = [base64.b64decode(p) for p in proof["proof"]]
+    assert roots_from_proof(old_size, size, path, old_root) == (old_root, root)
+
+    # The bundle of one version verifies offline.
+    bundle = await get_json(h, f"/v1/entries/{did}/versions/{sequences[1]}/proof")
+    _, b_size, b_root = parse_checkpoint(bundle["checkpoint"], h.deps.registry_did)
+    assert bundle["record"]["sequence"] == sequences[1]
+    assert bundle["proof"]["treeSize"] == b_size
+    path = [base64.b64decode(p) for p in bundle["proof"]["proof"]]
+    assert root_from_path(sequences[1] - 1, b_size, leaf(bundle["record"]), path) == b_root
+
+
+async def test_bad_parameters_are_refused_and_sizes_past_the_checkpoint_are_not_found(
+    fresh: Harness,
+) -> None:
+    h = fresh
+    did, sequences = await publish(h)
+    with trio.fail_after(10):
+        latest = await h.service.transparency.checkpointed(await h.store.log_head())
+    c = anon_client(h)
+    n = latest.size
+    cases = [
+        ("/v1/log/records?from=0", 400, "invalid_from"),
+        ("/v1/log/records?from=x", 400, "invalid_from"),
+        ("/v1/log/records?limit=0", 400, "invalid_limit"),
+        ("/v1/log/records?from=99999999999999999", 400, "invalid_from"),
+        ("/v1/log/checkpoint?treeSize=-1", 400, "invalid_tree_size"),
+        (f"/v1/log/checkpoint?treeSize={n + 7}", 404, "checkpoint_not_found"),
+        ("/v1/log/proof/inclusion", 400, "invalid_sequence"),
+        (f"/v1/log/proof/inclusion?sequence={n + 1}&treeSize={n}", 400, "invalid_sequence"),
+        ("/v1/log/proof/inclusion?sequence=1&treeSize=0", 400, "invalid_tree_size"),
+        (f"/v1/log/proof/inclusion?sequence=1&treeSize={n + 1}", 404, "tree_size_unknown"),
+        ("/v1/log/proof/consistency?from=2&to=1", 400, "invalid_tree_size"),
+        ("/v1/log/proof/consistency?from=0&to=1", 400, "invalid_tree_size"),
+        ("/v1/log/proof/consistency?to=1", 400, "invalid_from"),
+        (f"/v1/log/proof/consistency?from=1&to={n + 1}", 404, "tree_size_unknown"),
+        (f"/v1/entries/{did}/versions/0/proof", 400, "invalid_sequence"),
+        (f"/v1/entries/{did}/versions/{n + 5}/proof", 404, "version_not_found"),
+        (f"/v1/entries/did:example:nobody/versions/{sequences[0]}/proof", 404, "version_not_found"),
+    ]
+    for path, status, code in cases:
+        await error_of(await c.get(path), status, code)
+    # Paging is clamped, and `next` is where to ask from (also at the end, to follow the log).
+    page = await get_json(h, "/v1/log/records?limit=5000")
+    assert len(page["records"]) == n
+    assert page["hasMore"] is False
+    assert page["next"] == n + 1
+    page = await get_json(h, f"/v1/log/records?from={n + 10}")
+    assert page == {"records": [], "hasMore": False, "next": n + 10}
+    # A proof of the same size from and to is empty.
+    assert (await get_json(h, f"/v1/log/proof/consistency?from={n}&to={n}"))["proof"] == []
