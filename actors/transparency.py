@@ -8,8 +8,9 @@ still give that checkpoint's root, and then, every `checkpoint_seconds` while th
 
 1. reads the records after the tree's size up to the log head read first (commit order is
    sequence order, so every record up to that head is visible and none is skipped), in pages,
-   and hashes each served record into a leaf (`registry.transparency.log_record`) off the event
-   loop;
+   and hashes each served record into a leaf (`registry.transparency.record_bytes`), a few
+   milliseconds at a time between turns of the event loop (a worker thread would not run
+   meanwhile anyway, for the GIL, and would give the heap an arena of its own);
 2. signs a checkpoint of the new size with the registry's key, and stores the changed tiles and
    the checkpoint in one transaction (`store_checkpoint`). A checkpoint is visible only with
    every tile of its tree, and a crash in between loses nothing that was served.
@@ -40,7 +41,8 @@ from registry.transparency import (
 log = logging.getLogger(__name__)
 
 LEADERSHIP = "transparency"
-PAGE = 2000  # records read and hashed at a time
+PAGE = 2000  # records read at a time
+HASH_CHUNK = 200  # records hashed between two turns of the event loop (about 3 ms)
 MAX_STEP = 200_000  # records one checkpoint may add
 
 
@@ -121,8 +123,10 @@ async def _checkpoint_loop(
                 records = await store.log_records(builder.size, min(PAGE, target - builder.size))
                 if not records or records[0][0].seq != builder.size + 1:
                     raise Unavailable("the log has a gap below its head", code="log_gap")
-                for leaf in await trio.to_thread.run_sync(leaves_of, records):
-                    builder.append(leaf)
+                for start in range(0, len(records), HASH_CHUNK):
+                    for leaf in leaves_of(records[start : start + HASH_CHUNK]):
+                        builder.append(leaf)
+                    await trio.lowlevel.checkpoint()  # the event loop runs between chunks
                 handle.records_hashed += len(records)
             handle.latest = await _issue(store, key, origin, builder, handle)
             if builder.size < head:

@@ -14,7 +14,10 @@ One run, on a fresh database `registry_bench_tlog_<hex>` of the local PostgreSQL
   * the tree's storage: pg_total_relation_size of `log_tiles` (heap, TOAST and index) per record;
   * then, against that server, over one keep-alive HTTP connection: `--proofs` inclusion proofs
     of random sequences in random tree sizes, and as many consistency proofs between random
-    sizes; p50 / p99 / max latency as the client sees it; then 50 inclusion proofs verified from
+    sizes; p50 / p99 / max latency as the client sees it (and of a request refused with 400
+    before any database work, on the same connection: the floor of any request on this
+    machine), and as the server measured them (its access log's `ms`, from the request's
+    arrival to its answer); then 50 inclusion proofs verified from
     the served records, and consistency proofs from stored checkpoints of the catch-up to the
     newest (registry/transparency.py's RFC 9162 verification);
   * a live rate: `--live-seconds` of appends straight into the log (SQL, `--live-rate` records/s
@@ -156,8 +159,11 @@ def follow(http: httpx.Client, server: Server, target: int, deadline_s: float) -
 
 def proofs(http: httpx.Client, size: int, count: int, rng: random.Random) -> dict[str, list[float]]:
     """Inclusion and consistency proofs in the tree of `size` (verified in `verify_sample`)."""
-    times: dict[str, list[float]] = {"inclusion": [], "consistency": []}
+    times: dict[str, list[float]] = {"inclusion": [], "consistency": [], "floor (a 400)": []}
     for _ in range(count):
+        started = time.perf_counter()
+        http.get("/v1/log/records", params={"from": 0})  # refused before any database work
+        times["floor (a 400)"].append(time.perf_counter() - started)
         sequence = rng.randint(1, size)
         started = time.perf_counter()
         answer = http.get(
@@ -194,6 +200,18 @@ def verify_sample(
             raise RuntimeError(f"the inclusion proof of {sequence} does not verify")
 
 
+def access_times(path: Path) -> dict[str, list[float]]:
+    """The server's own latency of each proof request (its access log's `ms=`)."""
+    out: dict[str, list[float]] = {"/v1/log/proof/inclusion": [], "/v1/log/proof/consistency": []}
+    for line in path.read_text(errors="replace").splitlines():
+        if "registry.access" not in line or " status=200 " not in line:
+            continue
+        fields = dict(p.split("=", 1) for p in line.split() if "=" in p)
+        if fields.get("route") in out:
+            out[fields["route"]].append(float(fields["ms"]))
+    return {route: ms for route, ms in out.items() if ms}
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -204,7 +222,7 @@ def main() -> int:
     parser.add_argument("--postgres", default="postgresql://postgres@127.0.0.1:5432")
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--proofs", type=int, default=2000)
-    parser.add_argument("--live-seconds", type=float, default=10.0)
+    parser.add_argument("--live-seconds", type=float, default=30.0)
     parser.add_argument("--live-rate", type=int, default=20_000)
     parser.add_argument("--keep", action="store_true", help="keep the database")
     args = parser.parse_args()
@@ -224,6 +242,7 @@ def main() -> int:
             "REGISTRY_DATABASE__URL": url,
             "REGISTRY_ANCHORING__ENABLED": "false",
             "REGISTRY_TRANSPARENCY__CHECKPOINT_SECONDS": "1",
+            "REGISTRY_LOGGING__LEVEL": "INFO",  # the access log: the server's own latencies
         }
         with tempfile.TemporaryDirectory(prefix="registry-bench-tlog-") as tmp:
             cmd = [sys.executable, "-m", "cli", "serve", "--port", str(port), "--data-dir", tmp]
@@ -259,6 +278,7 @@ def main() -> int:
                     started = time.monotonic()
                     base_rss = rss_kb(server.pid)
                     peak_rss = base_rss
+                    samples: list[float] = []
                     while time.monotonic() - started < args.live_seconds:
                         tick = time.monotonic()
                         batch = max(1, args.live_rate // 10)
@@ -266,9 +286,11 @@ def main() -> int:
                         head += batch
                         lags.append(head - checkpoint_size(http)[0])
                         peak_rss = max(peak_rss, rss_kb(server.pid))
+                        samples.append(rss_kb(server.pid) / 1024)
                         time.sleep(max(0.0, 0.1 - (time.monotonic() - tick)))
                     live_rate = (head - size) / (time.monotonic() - started)
                     caught = follow(http, server, head, 60)
+                served = access_times(server.log)
             finally:
                 stop_server(server)
         print(f"records            {args.records:,}")
@@ -286,13 +308,23 @@ def main() -> int:
             ms = [v * 1000 for v in values]
             print(
                 f"{kind:<18} p50 {statistics.median(ms):.2f} ms  p99 {percentile(ms, 0.99):.2f} ms"
-                f"  max {max(ms):.2f} ms  ({len(ms)} proofs over HTTP, one connection)"
+                f"  max {max(ms):.2f} ms  ({len(ms)} requests over HTTP, one connection)"
+            )
+        for route, ms in served.items():
+            print(
+                f"  server-side {route:<22} p50 {statistics.median(ms):.2f} ms"
+                f"  p99 {percentile(ms, 0.99):.2f} ms  max {max(ms):.2f} ms"
             )
         print(
             f"live               {live_rate:,.0f} records/s appended for {args.live_seconds:.0f} s:"
             f" checkpoint lag max {max(lags):,} records, last {lags[-1]:,};"
             f" caught up {caught['seconds']:.1f} s after; server RSS {base_rss / 1024:.0f} ->"
             f" peak {peak_rss / 1024:.0f} MiB"
+        )
+        thirds = [samples[len(samples) * k // 3 - 1] for k in (1, 2, 3)]
+        print(
+            f"  server RSS at each third of the live phase: {thirds[0]:.0f}, {thirds[1]:.0f},"
+            f" {thirds[2]:.0f} MiB"
         )
     except RuntimeError as exc:
         print(f"FAILED: {exc}", file=sys.stderr)

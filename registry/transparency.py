@@ -19,7 +19,10 @@ issue 20's next steps.
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
+import json
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -261,14 +264,29 @@ class TileReader:
     concatenated hashes). `needed_for` says which tiles a computation reads, before it runs."""
 
     def __init__(
-        self, size: int, tiles: Callable[[TileKey], bytes], *, height: int = TILE_HEIGHT
+        self,
+        size: int,
+        tiles: Callable[[TileKey], bytes],
+        *,
+        height: int = TILE_HEIGHT,
+        memo: NodeMemo | None = None,
     ) -> None:
         self.size = size
         self._tiles = tiles
         self._height = height
+        self._memo = memo
 
     def node(self, h: int, index: int) -> bytes:
         """The root of the complete subtree of height `h` at position `index` of its level."""
+        memo = self._memo
+        if memo is not None and h >= MEMO_FROM_HEIGHT:
+            known = memo.get((h, index))
+            if known is None:
+                known = memo.put((h, index), self._compute(h, index))
+            return known
+        return self._compute(h, index)
+
+    def _compute(self, h: int, index: int) -> bytes:
         level, rest = divmod(h, self._height)
         first = index << rest
         tile, offset = divmod(first, 1 << self._height)
@@ -296,19 +314,63 @@ class TileReader:
 
     @staticmethod
     def needed_for(
-        size: int, compute: Callable[[TileReader], object], *, height: int = TILE_HEIGHT
+        size: int,
+        compute: Callable[[TileReader], object],
+        *,
+        height: int = TILE_HEIGHT,
+        memo: NodeMemo | None = None,
     ) -> set[TileKey]:
-        """The tiles `compute` reads from a reader of a tree of `size` leaves (a dry run over
-        placeholder hashes)."""
-        seen: set[TileKey] = set()
-        filler = bytes(HASH_SIZE << height)
+        """The tiles `compute` reads from a reader of a tree of `size` leaves, the nodes
+        `memo` knows aside (a dry run: placeholder hashes, nothing hashed or remembered)."""
+        return _DryRun(size, height, memo).run(compute)
 
-        def record(key: TileKey) -> bytes:
-            seen.add(key)
-            return filler
 
-        compute(TileReader(size, record, height=height))
-        return seen
+MEMO_FROM_HEIGHT = 4  # below, a node is at most 15 hashes away from its tile: not worth keeping
+
+
+class NodeMemo:
+    """Complete subtrees' roots, by (height, index): final once the subtree is complete, so
+    valid for every tree size. Bounded: emptied when full (cheap, and the hot nodes, those near
+    the root and on the right edge, come back at once)."""
+
+    def __init__(self, capacity: int = 65536) -> None:
+        self._nodes: dict[tuple[int, int], bytes] = {}
+        self._capacity = capacity
+
+    def get(self, key: tuple[int, int]) -> bytes | None:
+        return self._nodes.get(key)
+
+    def put(self, key: tuple[int, int], value: bytes) -> bytes:
+        if len(self._nodes) >= self._capacity:
+            self._nodes.clear()
+        self._nodes[key] = value
+        return value
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+
+class _DryRun(TileReader):
+    def __init__(self, size: int, height: int, memo: NodeMemo | None) -> None:
+        super().__init__(size, self._record, height=height)
+        self._known = memo
+        self._seen: set[TileKey] = set()
+        self._filler = bytes(HASH_SIZE)
+
+    def _record(self, key: TileKey) -> bytes:
+        self._seen.add(key)
+        return b""
+
+    def node(self, h: int, index: int) -> bytes:
+        if self._known is not None and h >= MEMO_FROM_HEIGHT and self._known.get((h, index)):
+            return self._filler
+        level, rest = divmod(h, self._height)
+        self._record((level, (index << rest) >> self._height))
+        return self._filler
+
+    def run(self, compute: Callable[[TileReader], object]) -> set[TileKey]:
+        compute(self)
+        return self._seen
 
 
 class TreeBuilder:
@@ -333,7 +395,8 @@ class TreeBuilder:
                 raise ValueError(f"the partial tile of level {level} holds fewer than {width}")
             self._levels.append([data[i * HASH_SIZE : (i + 1) * HASH_SIZE] for i in range(width)])
             level += 1
-        self._dirty: dict[TileKey, bytes] = {}
+        self._dirty: set[TileKey] = set()
+        self._full: dict[TileKey, bytes] = {}  # tiles filled since the last take_tiles
 
     @staticmethod
     def edge_tiles(size: int, *, height: int = TILE_HEIGHT) -> list[TileKey]:
@@ -354,19 +417,24 @@ class TreeBuilder:
                 self._levels.append([])
             tile = self._levels[level]
             tile.append(value)
-            key = (level, position >> (self._height * (level + 1)))
-            self._dirty[key] = b"".join(tile)
+            self._dirty.add((level, position >> (self._height * (level + 1))))
             if len(tile) < self._width:
                 break
             value = _complete_root(tile)
+            self._full[(level, position >> (self._height * (level + 1)))] = b"".join(tile)
             self._levels[level] = []
             level += 1
         self.size += 1
 
     def take_tiles(self) -> dict[TileKey, bytes]:
         """The tiles changed since the last call, each in full (full or partial)."""
-        dirty, self._dirty = self._dirty, {}
-        return dirty
+        tiles = self._full
+        for key in self._dirty - tiles.keys():
+            level, index = key
+            tiles[key] = b"".join(self._levels[level])  # the partial tile of its level
+            assert index == self.size >> (self._height * (level + 1))
+        self._dirty, self._full = set(), {}
+        return tiles
 
     def _edge(self, key: TileKey) -> bytes:
         level, index = key
@@ -425,9 +493,43 @@ def record_leaf(record: dict[str, Any]) -> bytes:
     return leaf_hash(canonicalize(record))
 
 
+_string = json.encoder.encode_basestring  # JCS's string form for every string (RFC 8785 §3.2.2.2)
+
+
+@functools.lru_cache(maxsize=256)
+def _second(seconds: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S.", time.gmtime(seconds))
+
+
+def _at(ms: int) -> str:
+    """`rfc3339_ms(ms)`: the checkpointer formats every record's time, and many records share a
+    second (a cached prefix, then the milliseconds)."""
+    seconds, millis = divmod(ms, 1000)
+    return f"{_second(seconds)}{millis:03d}Z"
+
+
+def record_bytes(record: LogRecord, document_hash: str | None) -> bytes:
+    """JCS(log_record(record, document_hash)), written member by member in JCS's order (at,
+    data, documentHash, kind, redacted, sequence, subject): the leaf bytes of every record the
+    checkpointer hashes, without building and walking the record first. A test holds it equal
+    to `canonicalize(log_record(...))`."""
+    if audience(record.kind) != "public":
+        return canonicalize(log_record(record, document_hash))
+    parts = ['{"at":"', _at(record.at_ms), '","data":', canonicalize(dict(record.data)).decode()]
+    if document_hash is not None:
+        parts += [',"documentHash":', _string(document_hash)]
+    parts += [',"kind":', _string(record.kind), ',"sequence":', str(record.seq), ',"subject":']
+    parts.append("null" if record.entry_did is None else _string(record.entry_did))
+    parts.append("}")
+    return "".join(parts).encode()
+
+
 def leaves_of(records: Sequence[tuple[LogRecord, str | None]]) -> list[bytes]:
     """The leaf hashes of log records, each with its entry version's document hash."""
-    return [record_leaf(log_record(record, digest)) for record, digest in records]
+    return [
+        hashlib.sha256(b"\x00" + record_bytes(record, digest)).digest()
+        for record, digest in records
+    ]
 
 
 # --- what a monitor or a client checks -----------------------------------------------------------

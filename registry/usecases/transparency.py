@@ -2,7 +2,9 @@
 
 Proofs are answered from the stored tiles of the tree (registry/transparency.py): a dry run
 names the tiles a proof reads, the full ones (immutable) come from a small LRU cache, the rest
-in one query. A proof is given for any tree size up to the newest checkpoint's: a client checks
+in one query; the roots of complete subtrees computed on the way are remembered (`NodeMemo`:
+final once complete, so valid for every tree size), and a proof whose nodes are all known reads
+no tile at all. A proof is given for any tree size up to the newest checkpoint's: a client checks
 it against a checkpoint, and sizes past the newest have none yet.
 """
 
@@ -18,6 +20,7 @@ from registry.store import EntryStore, TransparencyStore
 from registry.transparency import (
     HASH_SIZE,
     TILE_WIDTH,
+    NodeMemo,
     StoredCheckpoint,
     TileKey,
     TileReader,
@@ -46,6 +49,8 @@ class Transparency:
         self.store = store
         self._tiles: OrderedDict[TileKey, bytes] = OrderedDict()
         self._capacity = cached_tiles
+        self._nodes = NodeMemo()
+        self._checkpointed = 0  # the largest checkpoint size seen stored
 
     # --- records --------------------------------------------------------------------------
 
@@ -71,6 +76,7 @@ class Transparency:
             raise NotFound(
                 "no checkpoint has been issued yet", code="checkpoint_not_found", details={}
             )
+        self._checkpointed = max(self._checkpointed, latest.size)
         return latest
 
     async def checkpoint(self, size: int | None) -> StoredCheckpoint:
@@ -90,6 +96,8 @@ class Transparency:
     # --- proofs ---------------------------------------------------------------------------
 
     async def _within(self, size: int, name: str) -> None:
+        if size <= self._checkpointed:  # checkpoints only grow: no need to ask again
+            return
         latest = await self.latest()
         if size > latest.size:
             raise NotFound(
@@ -150,7 +158,7 @@ class Transparency:
         }
 
     async def _read(self, size: int, compute: Callable[[TileReader], T]) -> T:
-        needed = TileReader.needed_for(size, compute)
+        needed = TileReader.needed_for(size, compute, memo=self._nodes)
         tiles: dict[TileKey, bytes] = {}
         for key in needed:
             if key in self._tiles:
@@ -163,4 +171,4 @@ class Transparency:
                 if len(self._tiles) > self._capacity:
                     self._tiles.popitem(last=False)
         tiles.update(fetched)
-        return compute(TileReader(size, tiles.__getitem__))
+        return compute(TileReader(size, tiles.__getitem__, memo=self._nodes))

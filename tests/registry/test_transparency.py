@@ -210,16 +210,29 @@ def test_proofs_read_from_tiles_match_the_recursive_definitions(height: int, eve
             )
 
 
-def test_a_proof_reads_only_the_tiles_its_dry_run_named() -> None:
+def test_a_proof_reads_only_the_tiles_its_dry_run_named_and_fewer_once_nodes_are_known() -> None:
     _, stored = build(1000, 3)
     size = 999
-    needed = t.TileReader.needed_for(size, lambda r: t.inclusion_path(517, size, r.mth), height=3)
-    assert 0 < len(needed) <= 12
-    only = {key: stored[key] for key in needed}
-    reader = t.TileReader(size, only.__getitem__, height=3)
-    assert t.verify_inclusion(
-        517, size, leaves(size)[517], t.inclusion_path(517, size, reader.mth), mth(leaves(size))
-    )
+    expected = mth(leaves(size))
+    memo = t.NodeMemo()
+    for index in (517, 0, 998, 517):
+        needed = t.TileReader.needed_for(
+            size, lambda r, i=index: t.inclusion_path(i, size, r.mth), height=3, memo=memo
+        )
+        only = {key: stored[key] for key in needed}
+        reader = t.TileReader(size, only.__getitem__, height=3, memo=memo)
+        proof = t.inclusion_path(index, size, reader.mth)
+        assert t.verify_inclusion(index, size, leaves(size)[index], proof, expected)
+        assert len(needed) <= 12
+    assert len(memo) > 0
+    # 517 again: every node the memo keeps is known; only the tiles of low nodes are read, the
+    # leaf's and the right edge's
+    assert needed <= {(0, 517 >> 3), (1, 517 >> 6), (0, (size - 1) >> 3)}
+    # a memo emptied when full still answers
+    small = t.NodeMemo(capacity=2)
+    reader = t.TileReader(size, stored.__getitem__, height=3, memo=small)
+    assert reader.root() == expected
+    assert len(small) <= 2
 
 
 def test_tiles_hold_32_bytes_per_leaf_and_a_width_th_per_level_above() -> None:
@@ -266,3 +279,55 @@ def test_a_checkpoint_opens_only_with_its_signers_key_and_a_well_formed_body() -
     short = t.sign_note("example.org/log\n1\nAAAA\n", "example.org/log", key)
     with pytest.raises(ValueError, match="32 bytes"):
         t.open_checkpoint(short, public)
+
+
+# --- the records ---------------------------------------------------------------------------------
+
+
+def test_the_checkpointers_leaf_bytes_are_the_served_records_jcs() -> None:
+    """`record_bytes` (written member by member, for speed) is JCS of the record as served,
+    also with text outside the BMP, escapes, floats, nulls, nesting and every kind."""
+    import random
+
+    from registry.canonical import canonicalize
+    from registry.changes import CHANGE_KINDS, LogRecord
+
+    rng = random.Random(5)
+    texts = [
+        "",
+        "plain",
+        'quote " and \\ slash',
+        "tab\t\u2028line",
+        "é漢字",
+        "\U0001f600 smile",
+        "\x01",
+    ]
+
+    def value(depth: int) -> object:
+        choice = rng.randrange(8 if depth < 3 else 5)
+        if choice == 0:
+            return rng.choice(texts)
+        if choice == 1:
+            return rng.randint(-(2**53) + 1, 2**53 - 1)
+        if choice == 2:
+            return rng.choice([0.5, -1.25, 1e21, 3.0])
+        if choice == 3:
+            return rng.choice([None, True, False])
+        if choice == 4:
+            return rng.choice(texts) + str(rng.random())
+        if choice == 5:
+            return [value(depth + 1) for _ in range(rng.randrange(3))]
+        return {rng.choice(texts) + k: value(depth + 1) for k in ("a", "b", "\U0001f600")}
+
+    for i in range(2000):
+        record = LogRecord(
+            rng.randint(1, 2**53 - 1),
+            rng.choice(sorted(CHANGE_KINDS)),
+            rng.choice([None, "did:web:x.example:" + rng.choice(texts)]),
+            rng.randint(0, 4102444800000),
+            {rng.choice(texts): value(0) for _ in range(rng.randrange(4))},
+        )
+        digest = rng.choice([None, hashlib.sha256(str(i).encode()).hexdigest()])
+        served = t.log_record(record, digest)
+        assert t.record_bytes(record, digest) == canonicalize(served), served
+        assert t.leaves_of([(record, digest)]) == [t.record_leaf(served)]
