@@ -43,6 +43,7 @@ import httpx
 import trio
 
 from actors.supervisor import supervise
+from actors.witness import PeerWitness, WitnessDeps, WitnessSkipped
 from registry.breaker import DEFAULT_POLICY, BreakerPolicy
 from registry.changes import Change, IdemKey, Outcome
 from registry.config import FederationConfig, PeerConfig
@@ -59,6 +60,7 @@ from registry.federation import (
     read_sync_response,
     sort_entries,
     sync_request,
+    within_checkpoint,
 )
 from registry.keys import SigningKey
 from registry.store import FederationStore
@@ -90,6 +92,10 @@ class PeerAnswer:
 class PeerTransport(Protocol):
     async def post(self, url: str, body: bytes) -> PeerAnswer:
         """POST a JSON body; raise `PeerUnreachable` when no HTTP answer came back."""
+        ...
+
+    async def get(self, url: str) -> PeerAnswer:
+        """GET a public resource of the peer (its log's checkpoint and proofs)."""
         ...
 
 
@@ -137,14 +143,23 @@ class HttpTransport:
                 raise PeerUnreachable(f"{host} resolves to a private or local address")
 
     async def post(self, url: str, body: bytes) -> PeerAnswer:
+        return await self._request("POST", url, body)
+
+    async def get(self, url: str) -> PeerAnswer:
+        return await self._request("GET", url, None)
+
+    async def _request(self, method: str, url: str, body: bytes | None) -> PeerAnswer:
         await self._check_destination(url)
+        headers = {"Accept-Encoding": "identity"}
+        if body is not None:
+            headers["Content-Type"] = "application/json"
         try:
             async with self.client.stream(
-                "POST",
+                method,
                 url,
                 content=body,
                 # No compression: the size cap applies to what arrives, not to what it inflates to.
-                headers={"Content-Type": "application/json", "Accept-Encoding": "identity"},
+                headers=headers,
             ) as response:
                 chunks: list[bytes] = []
                 size = 0
@@ -271,8 +286,22 @@ async def run_peer(deps: PeerDeps, peer: PeerConfig) -> None:
     this page's change stores the cursor it was asked from (else it is cancelled)."""
     did = peer.peer_did
     state = peer_state(await deps.store.get_peer(did), did, deps.policy)
+    witness = PeerWitness.of(did, (await deps.store.peer_checkpoints()).get(did))
+    if witness.accepted is not None:
+        state = replace(state, witnessed_size=witness.accepted.size)
     deps.handle.states[did] = state
     settings = deps.config
+    witnessing = WitnessDeps(
+        deps.store,
+        deps.key,
+        deps.clock_ms,
+        deps.endpoint_of,
+        deps.transport.get,
+        deps.transport.post,
+    )
+    if state.log_fork is not None or witness.fork is not None:
+        log.error("federation: %s is quarantined: its log is inconsistent", did)
+        await trio.sleep_forever()  # nothing more is imported from a forked log
     async with trio.open_nursery() as nursery:
         ahead: _Fetch | None = None
         while True:
@@ -282,6 +311,22 @@ async def run_peer(deps: PeerDeps, peer: PeerConfig) -> None:
             if wait_ms > 0 and (breaker.state != "closed" or breaker.consecutive_failures):
                 await trio.sleep(wait_ms / 1000)
                 continue
+            if ahead is None and witness.due(state.cursor, settings.poll_seconds):
+                try:
+                    fork = await witness.check(witnessing)
+                except (WitnessSkipped, PeerUnreachable) as exc:
+                    log.info("federation: %s's log not checked this time: %s", did, exc)
+                    fork = None
+                if fork is not None:
+                    forked = replace(state, log_fork=fork.detail)
+                    await _record(deps, state, forked, [], [])
+                    await trio.sleep_forever()
+                if witness.accepted is not None:
+                    state = replace(state, witnessed_size=witness.accepted.size)
+                    deps.handle.states[did] = state
+            # Pulled even when the accepted tree holds nothing new (the breaker keeps seeing
+            # the peer's health); what lies past it is not imported (`within_checkpoint`).
+            limit = witness.import_limit()
             state = replace(state, breaker=breaker.on_attempt(now))
             if ahead is not None and ahead.cursor == state.cursor:
                 fetch, ahead = ahead, None
@@ -305,6 +350,8 @@ async def run_peer(deps: PeerDeps, peer: PeerConfig) -> None:
                 deps.handle.states[did] = state
                 await trio.sleep(exc.seconds)
                 continue
+            if limit is not None:
+                answer = within_checkpoint(answer, limit, fetch.cursor)
             if answer.has_more:
                 ahead = _Fetch.start(nursery, deps, did, answer.next_sequence, deps.clock_ms())
             # Verifying a page is ~0.2 ms of CPU an entry: large pages are verified in a worker
@@ -431,6 +478,7 @@ async def _record(
         and not quarantined
         and after.breaker.state == before.breaker.state
         and after.breaker.consecutive_failures == before.breaker.consecutive_failures
+        and after.log_fork == before.log_fork
     )
     if unchanged:
         deps.handle.states[after.peer_did] = after

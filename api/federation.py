@@ -49,6 +49,22 @@ def register(app: QuartTrio) -> None:
     async def federation_sync(ctx: Ctx) -> Response:
         return json_response(await deps().federation.sync(_envelope(ctx)))
 
+    @app.post("/v1/federation/cosignature")
+    @endpoint("write", body_limit="small_body_bytes")
+    @documented(
+        "A peer's cosignature of one of this registry's checkpoints (signed envelope)",
+        ok={"200": ok("Envelope", "A signed cosignature_response")},
+        errors={
+            "400": "the payload is not {treeSize, cosignature}; the cosignature does not hold",
+            "401": ENVELOPE_REFUSED,
+            "403": "unknown peer; peer may not sync",
+            "404": "no checkpoint of that tree size is stored",
+        },
+        body="Envelope",
+    )
+    async def federation_cosignature(ctx: Ctx) -> Response:
+        return json_response(await deps().federation.cosignature(_envelope(ctx)))
+
     @app.post("/v1/federation/discover")
     @endpoint("query", body_limit="query_body_bytes")
     @documented(

@@ -555,6 +555,15 @@ class FederatedResult(Response):
     federation: FederationSummary
 
 
+class PeerLog(Response):
+    """The peer's log as witnessed (docs/transparency.md)."""
+
+    state: Literal["consistent", "inconsistent"]
+    treeSize: Annotated[int, Field(ge=0)] | None = None
+    reason: Literal["log_inconsistent"] | None = None
+    detail: str | None = None
+
+
 class FederationPeerStatus(Response):
     peerDid: str
     breakerState: Literal["closed", "open", "half_open"]
@@ -565,6 +574,7 @@ class FederationPeerStatus(Response):
     lastSuccessAt: Time | None = None
     nextAttemptAt: Time | None = None
     quarantines: int
+    log: PeerLog | None = None
 
 
 class PeerUpdate(Body):

@@ -67,8 +67,10 @@ def register(app: QuartTrio) -> None:
         params=[_param("treeSize", "the tree size of a stored checkpoint", minimum=0)],
     )
     async def log_checkpoint(ctx: Ctx) -> Response:
-        checkpoint = await deps().transparency.checkpoint(int_param("treeSize"))
-        return Response(checkpoint.note, content_type="text/plain; charset=utf-8")
+        transparency = deps().transparency
+        checkpoint = await transparency.checkpoint(int_param("treeSize"))
+        note = await transparency.served_note(checkpoint)
+        return Response(note, content_type="text/plain; charset=utf-8")
 
     @app.get("/v1/log/proof/inclusion")
     @endpoint("read")

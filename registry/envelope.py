@@ -48,10 +48,14 @@ NONCE_MAX_BYTES: Final = 64
 MAX_ENTRIES_LIMIT: Final = 1000
 MAX_SEQUENCE: Final = 2**63 - 1
 
-REQUEST_KINDS: Final = frozenset({"sync_request", "discover_request"})
-RESPONSE_KINDS: Final = frozenset({"sync_response", "discover_response"})
+REQUEST_KINDS: Final = frozenset({"sync_request", "discover_request", "cosignature_request"})
+RESPONSE_KINDS: Final = frozenset({"sync_response", "discover_response", "cosignature_response"})
 KINDS: Final = REQUEST_KINDS | RESPONSE_KINDS
-RESPONSE_FOR: Final = {"sync_request": "sync_response", "discover_request": "discover_response"}
+RESPONSE_FOR: Final = {
+    "sync_request": "sync_response",
+    "discover_request": "discover_response",
+    "cosignature_request": "cosignature_response",  # a witness's cosignature (transparency.md)
+}
 
 STRING_MEMBERS: Final = (
     "version",

@@ -54,6 +54,11 @@ class PeerState:
     # The cursor as last stored. A pull that only moves the cursor over log positions without
     # entry versions (the peer's own bookkeeping) is not stored: it goes with the next change.
     stored_cursor: int = 0
+    # The peer's log as witnessed (docs/transparency.md): the tree size last accepted (kept
+    # in memory; the store keeps the checkpoint itself), and, once its log contradicted an
+    # accepted checkpoint, why (stored with the status: the peer stays quarantined).
+    witnessed_size: int | None = None
+    log_fork: str | None = None
 
     @property
     def lag(self) -> int:
@@ -62,7 +67,10 @@ class PeerState:
 
     def to_stored(self) -> dict[str, Any]:
         """The `status` document of the store (the cursor and quarantines are columns)."""
-        return {"breaker": self.breaker.to_json(), "head": self.head}
+        stored: dict[str, Any] = {"breaker": self.breaker.to_json(), "head": self.head}
+        if self.log_fork is not None:
+            stored["logFork"] = self.log_fork
+        return stored
 
     @classmethod
     def from_stored(
@@ -75,6 +83,7 @@ class PeerState:
         policy: BreakerPolicy,
     ) -> PeerState:
         head = status.get("head")
+        fork = status.get("logFork")
         return cls(
             peer_did=peer_did,
             cursor=cursor,
@@ -82,6 +91,7 @@ class PeerState:
             head=head if isinstance(head, int) and not isinstance(head, bool) else None,
             breaker=Breaker.from_json(status.get("breaker"), policy),
             quarantines=quarantines,
+            log_fork=fork if isinstance(fork, str) else None,
         )
 
     def status_json(self, now_ms: int) -> dict[str, Any]:
@@ -103,6 +113,14 @@ class PeerState:
             status["lastSuccessAt"] = rfc3339_ms(b.last_success_at_ms)
         if state != "closed" or b.consecutive_failures:
             status["nextAttemptAt"] = rfc3339_ms(b.next_attempt_at_ms)
+        if self.log_fork is not None:
+            status["log"] = {
+                "state": "inconsistent",
+                "reason": "log_inconsistent",
+                "detail": self.log_fork,
+            }
+        elif self.witnessed_size is not None:
+            status["log"] = {"state": "consistent", "treeSize": self.witnessed_size}
         return status
 
 
@@ -280,6 +298,17 @@ def sort_entries(
                 )
             )
     return replicas, quarantined
+
+
+def within_checkpoint(answer: SyncAnswer, tree_size: int, cursor: int) -> SyncAnswer:
+    """The part of a sync answer that the peer's witnessed checkpoint of `tree_size` records
+    covers: only versions in a tree this registry accepted are imported (docs/transparency.md).
+    Past it, the cursor stops at the tree size (never going back from `cursor`, where the pull
+    started) and the next pull waits for a newer checkpoint."""
+    if answer.next_sequence <= tree_size:
+        return answer
+    kept = tuple(e for e in answer.entries if int(e.get("sequence", 0)) <= tree_size)
+    return replace(answer, entries=kept, next_sequence=max(tree_size, cursor), has_more=False)
 
 
 def after_pull(state: PeerState, answer: SyncAnswer, quarantined: int) -> PeerState:

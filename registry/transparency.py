@@ -619,3 +619,100 @@ def check_version(record: Mapping[str, Any], version: Mapping[str, Any]) -> list
     except Invalid as exc:
         problems.append(f"the publisher's signature does not hold: {exc.message}")
     return problems
+
+
+# --- witnesses: cosignatures (c2sp.org/tlog-cosignature) and the consistency of a peer's log -----
+
+COSIGNATURE_TYPE = b"\x04"  # cosignature/v1, Ed25519
+
+
+def cosignature_key_id(name: str, public_key: bytes) -> bytes:
+    return hashlib.sha256(name.encode() + b"\n" + COSIGNATURE_TYPE + public_key).digest()[:4]
+
+
+def _cosigned_message(body: str, timestamp: int) -> bytes:
+    return f"cosignature/v1\ntime {timestamp}\n{body}".encode()
+
+
+def cosign(body: str, name: str, key: SigningKey, timestamp: int) -> str:
+    """A witness's cosignature of a checkpoint body: the signature line
+    `— <name> base64(key id ‖ 8-byte big-endian timestamp ‖ Ed25519 signature)`, the signature
+    over "cosignature/v1\\ntime <timestamp>\\n" followed by the body."""
+    signature = key.sign(_cosigned_message(body, timestamp))
+    blob = cosignature_key_id(name, key.public_key) + timestamp.to_bytes(8, "big") + signature
+    return f"{SIGNATURE_PREFIX}{name} {base64.b64encode(blob).decode()}\n"
+
+
+def verify_cosignature(body: str, line: str, name: str, public_key: bytes) -> int:
+    """The timestamp of `line`, a valid cosignature of `body` by `name`'s key; ValueError
+    otherwise."""
+    prefix = f"{SIGNATURE_PREFIX}{name} "
+    if not line.startswith(prefix) or not line.endswith("\n") or line.count("\n") != 1:
+        raise ValueError(f"not a signature line of {name}")
+    try:
+        blob = base64.b64decode(line[len(prefix) : -1], validate=True)
+    except ValueError:
+        raise ValueError("the cosignature is not base64") from None
+    if len(blob) != 4 + 8 + 64 or blob[:4] != cosignature_key_id(name, public_key):
+        raise ValueError("not a cosignature/v1 of this key")
+    timestamp = int.from_bytes(blob[4:12], "big")
+    try:
+        nacl.signing.VerifyKey(public_key).verify(_cosigned_message(body, timestamp), blob[12:])
+    except nacl.exceptions.BadSignatureError:
+        raise ValueError("the cosignature does not verify") from None
+    return timestamp
+
+
+@dataclass(frozen=True)
+class Witnessed:
+    """The newest checkpoint a witness accepted from a log: what the next one must extend."""
+
+    origin: str
+    size: int
+    root: bytes
+    note: str
+
+
+@dataclass(frozen=True)
+class Fork:
+    """A log that contradicts a checkpoint it signed before: why, and the evidence."""
+
+    reason: str  # log_inconsistent
+    detail: str
+    evidence: dict[str, Any]
+
+
+def judge(
+    previous: Witnessed | None,
+    note: str,
+    checkpoint: Checkpoint,
+    proof: Sequence[bytes] | None,
+) -> Witnessed | Fork:
+    """Whether a witness accepts a log's new signed checkpoint (already opened with the log's
+    key): the first one is taken as it is; later ones must not shrink, must keep the root of a
+    size already seen, and must extend the last accepted tree (`proof`: the RFC 9162
+    consistency proof from its size, asked for only when the size grew)."""
+    accepted = Witnessed(checkpoint.origin, checkpoint.size, checkpoint.root, note)
+    if previous is None:
+        return accepted
+    evidence: dict[str, Any] = {"accepted": previous.note, "offered": note}
+
+    def fork(detail: str) -> Fork:
+        return Fork("log_inconsistent", detail, evidence)
+
+    if checkpoint.origin != previous.origin:
+        return fork(f"the origin changed from {previous.origin!r} to {checkpoint.origin!r}")
+    if checkpoint.size < previous.size:
+        return fork(f"the log shrank from {previous.size} to {checkpoint.size} records")
+    if checkpoint.size == previous.size:
+        if checkpoint.root != previous.root:
+            return fork(f"two roots for tree size {previous.size}")
+        return previous
+    if proof is None:
+        raise ValueError("a grown log needs a consistency proof")
+    evidence["proof"] = [base64.b64encode(p).decode() for p in proof]
+    if previous.size and not verify_consistency(
+        previous.size, checkpoint.size, proof, previous.root, checkpoint.root
+    ):
+        return fork(f"checkpoint {checkpoint.size} does not extend checkpoint {previous.size}")
+    return accepted

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from registry.anchoring import Member
 from registry.changes import Change, IdemKey, LogRecord, Outcome, Refusal
-from registry.transparency import StoredCheckpoint, TileKey
+from registry.transparency import Fork, StoredCheckpoint, TileKey, Witnessed
 
 if TYPE_CHECKING:
     from registry.query import RegistryQuery
@@ -43,6 +43,7 @@ __all__ = [
     "Store",
     "TransparencyStore",
     "TrustStore",
+    "WitnessRow",
 ]
 
 
@@ -340,6 +341,26 @@ class AnchorStore(LeaderStore, Protocol):
 class FederationStore(LeaderStore, Protocol):
     """Federation (migration 0011): what sync serves, nonces, peers' state."""
 
+    # Witnessing (migration 0018).
+    async def peer_checkpoints(self) -> dict[str, WitnessRow]:
+        """The newest checkpoint accepted from each peer, and its fork if one was found."""
+        ...
+
+    async def accept_peer_checkpoint(self, peer_did: str, accepted: Witnessed) -> None:
+        """Keep `accepted` as the checkpoint the peer's next one must extend (never a smaller
+        one than stored)."""
+        ...
+
+    async def record_fork(self, peer_did: str, fork: Fork) -> None: ...
+    async def add_cosignature(self, tree_size: int, witness: str, line: str) -> bool:
+        """Keep a peer's cosignature of this registry's checkpoint of `tree_size`; False when
+        no such checkpoint is stored."""
+        ...
+
+    async def cosignatures(self, tree_size: int) -> list[str]:
+        """The cosignature lines of this registry's checkpoint of `tree_size`, by witness."""
+        ...
+
     async def sync_page(
         self, after_seq: int, limit: int, max_bytes: int
     ) -> tuple[list[tuple[int, str]], int, bool]:
@@ -357,6 +378,12 @@ class FederationStore(LeaderStore, Protocol):
     async def quarantined(self, peer_did: str, limit: int) -> list[Quarantined]:
         """The peer's latest quarantined entries (by their sequence at the peer, newest first)."""
         ...
+
+
+@dataclass(frozen=True)
+class WitnessRow:
+    accepted: Witnessed
+    fork: dict[str, Any] | None  # the evidence, once the peer's log contradicted `accepted`
 
 
 class TransparencyStore(LeaderStore, Protocol):

@@ -58,8 +58,9 @@ from registry.store import (
     ReplicaVersion,
     SessionRecord,
     Store,
+    WitnessRow,
 )
-from registry.transparency import StoredCheckpoint, TileKey
+from registry.transparency import Fork, StoredCheckpoint, TileKey, Witnessed
 
 if TYPE_CHECKING:
     from registry.query import RegistryQuery
@@ -183,6 +184,8 @@ class _Tables:
         self.versions_of: dict[str, list[int]] = {}  # entry DID → its version sequences, in order
         self.tiles: dict[TileKey, bytes] = {}
         self.checkpoints: dict[int, StoredCheckpoint] = {}
+        self.witnessed: dict[str, WitnessRow] = {}
+        self.cosignatures: dict[int, dict[str, str]] = {}
         self.idempotency: dict[_IdemId, _IdemRecord] = {}
         self.challenges: dict[str, _Challenge] = {}
         self.sessions: dict[bytes, _Session] = {}
@@ -1173,6 +1176,39 @@ class MemoryStore:
     async def log_head(self) -> int:
         await self._call(write=False)
         return len(self._tables.log)
+
+    # --- witnessing ---------------------------------------------------------------------------
+
+    async def peer_checkpoints(self) -> dict[str, WitnessRow]:
+        await self._call(write=False)
+        return dict(self._tables.witnessed)
+
+    async def accept_peer_checkpoint(self, peer_did: str, accepted: Witnessed) -> None:
+        await self._call(write=True)
+        row = self._tables.witnessed.get(peer_did)
+        if row is None or row.accepted.size <= accepted.size:
+            self._tables.witnessed[peer_did] = WitnessRow(
+                accepted, None if row is None else row.fork
+            )
+
+    async def record_fork(self, peer_did: str, fork: Fork) -> None:
+        await self._call(write=True)
+        row = self._tables.witnessed.get(peer_did)
+        if row is not None and row.fork is None:
+            evidence = {"reason": fork.reason, "detail": fork.detail, **fork.evidence}
+            self._tables.witnessed[peer_did] = WitnessRow(row.accepted, evidence)
+
+    async def add_cosignature(self, tree_size: int, witness: str, line: str) -> bool:
+        await self._call(write=True)
+        if tree_size not in self._tables.checkpoints:
+            return False
+        self._tables.cosignatures.setdefault(tree_size, {})[witness] = line
+        return True
+
+    async def cosignatures(self, tree_size: int) -> list[str]:
+        await self._call(write=False)
+        lines = self._tables.cosignatures.get(tree_size, {})
+        return [lines[w] for w in sorted(lines)]
 
     # --- the verifiable log ----------------------------------------------------------------
 

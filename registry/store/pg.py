@@ -49,10 +49,11 @@ from registry.store import (
     RecordRow,
     ReplicaVersion,
     SessionRecord,
+    WitnessRow,
 )
 from registry.store.discover import Plan, compile_discover
 from registry.store.pool import LeanPool
-from registry.transparency import StoredCheckpoint, TileKey
+from registry.transparency import Fork, StoredCheckpoint, TileKey, Witnessed
 
 log = logging.getLogger(__name__)
 P = ParamSpec("P")
@@ -979,6 +980,67 @@ class PgStore:
                 checkpoint.note,
             )
         return True
+
+    # --- witnessing (migration 0018) --------------------------------------------------------
+
+    @_seam
+    async def peer_checkpoints(self) -> dict[str, WitnessRow]:
+        rows = await self._pool.fetch(
+            "SELECT peer_did, origin, tree_size, root, note, fork FROM peer_checkpoints"
+        )
+        return {
+            r["peer_did"]: WitnessRow(
+                Witnessed(r["origin"], r["tree_size"], bytes(r["root"]), r["note"]),
+                None if r["fork"] is None else json.loads(r["fork"]),
+            )
+            for r in rows
+        }
+
+    @_seam
+    async def accept_peer_checkpoint(self, peer_did: str, accepted: Witnessed) -> None:
+        await self._pool.execute(
+            "INSERT INTO peer_checkpoints (peer_did, origin, tree_size, root, note)"
+            " VALUES ($1, $2, $3, $4, $5)"
+            " ON CONFLICT (peer_did) DO UPDATE SET origin = EXCLUDED.origin,"
+            "   tree_size = EXCLUDED.tree_size, root = EXCLUDED.root, note = EXCLUDED.note,"
+            "   updated_at = now()"
+            " WHERE peer_checkpoints.tree_size <= EXCLUDED.tree_size",
+            peer_did,
+            accepted.origin,
+            accepted.size,
+            accepted.root,
+            accepted.note,
+        )
+
+    @_seam
+    async def record_fork(self, peer_did: str, fork: Fork) -> None:
+        evidence = {"reason": fork.reason, "detail": fork.detail, **fork.evidence}
+        await self._pool.execute(
+            "UPDATE peer_checkpoints SET fork = $2::jsonb, updated_at = now()"
+            " WHERE peer_did = $1 AND fork IS NULL",
+            peer_did,
+            json.dumps(evidence),
+        )
+
+    @_seam
+    async def add_cosignature(self, tree_size: int, witness: str, line: str) -> bool:
+        status = await self._pool.execute(
+            "INSERT INTO log_cosignatures (tree_size, witness, line)"
+            " SELECT $1, $2, $3 WHERE EXISTS"
+            "   (SELECT 1 FROM log_checkpoints WHERE tree_size = $1)"
+            " ON CONFLICT (tree_size, witness) DO UPDATE SET line = EXCLUDED.line",
+            tree_size,
+            witness,
+            line,
+        )
+        return status != "INSERT 0 0"
+
+    @_seam
+    async def cosignatures(self, tree_size: int) -> list[str]:
+        rows = await self._pool.fetch(
+            "SELECT line FROM log_cosignatures WHERE tree_size = $1 ORDER BY witness", tree_size
+        )
+        return [r["line"] for r in rows]
 
     # --- notifications --------------------------------------------------------------------
 

@@ -35,9 +35,11 @@ from registry.canonical import canonicalize, join_members
 from registry.changes import Change, ChangeLog, IdemKey, Outcome, rfc3339_ms
 from registry.config import Config, PeerConfig
 from registry.cursors import SealedCursors
+from registry.did import public_key_from_did_key
 from registry.discovery import parse_discover_request, query_fingerprint
 from registry.endpoints import EndpointPolicy, endpoint_problem
 from registry.envelope import (
+    MAX_SEQUENCE,
     VerifiedEnvelope,
     build_request,
     build_response_text,
@@ -46,7 +48,7 @@ from registry.envelope import (
     sync_request_payload,
     verify_envelope,
 )
-from registry.errors import Forbidden, Invalid, Unauthorized
+from registry.errors import Forbidden, Invalid, NotFound, Unauthorized
 from registry.federation import (
     PeerState,
     SourcePage,
@@ -57,7 +59,8 @@ from registry.federation import (
 from registry.keys import SigningKey
 from registry.models import MAX_SAFE_INTEGER
 from registry.query import MAX_OFFSET, OrderKey, effective_order
-from registry.store import FederationStore, PeerRow, TrustStore
+from registry.store import FederationStore, PeerRow, TransparencyStore, TrustStore
+from registry.transparency import verify_cosignature
 from registry.usecases.common import Principal, now_ms, page_size
 from registry.usecases.records import body_object, put
 
@@ -86,7 +89,7 @@ def peer_state(row: PeerRow | None, peer_did: str, policy: BreakerPolicy) -> Pee
     )
 
 
-class FederationUseStore(FederationStore, TrustStore, Protocol):
+class FederationUseStore(FederationStore, TrustStore, TransparencyStore, Protocol):
     """What federation reads: sync pages, nonces, peers' state, and the peer records."""
 
 
@@ -148,6 +151,55 @@ class Federation:
         )
         return build_response_text(
             self.key, request=envelope, kind="sync_response", payload_jcs=payload, now_ms=now
+        )
+
+    # --- witnessing: a peer's cosignature of this registry's checkpoint ----------------------
+
+    async def cosignature(self, envelope: Any) -> str:
+        """Keep a peer's cosignature of one of this registry's checkpoints (a signed
+        `cosignature_request`, payload `{"treeSize", "cosignature"}`: the C2SP cosignature
+        line, under the peer's DID as its name); answer a signed `cosignature_response`."""
+        now = self.clock_ms()
+        verified = verify_envelope(
+            envelope, recipient_did=self.key.did, now_ms=now, expected_kind="cosignature_request"
+        )
+        peer = self.peer_allowed(verified.sender_did, "sync")
+        payload = verified.payload
+        size = payload.get("treeSize") if isinstance(payload, dict) else None
+        line = payload.get("cosignature") if isinstance(payload, dict) else None
+        if (
+            not isinstance(size, int)
+            or isinstance(size, bool)
+            or not 0 <= size <= MAX_SEQUENCE
+            or not isinstance(line, str)
+            or len(line) > 1024
+            or set(payload) != {"treeSize", "cosignature"}
+        ):
+            raise Invalid(
+                "the payload is not {treeSize, cosignature}", code="cosignature_payload_invalid"
+            )
+        await self._burn(verified)
+        checkpoint = await self.store.checkpoint_of_size(size)
+        if checkpoint is None:
+            raise NotFound(
+                f"no checkpoint of tree size {size} is stored",
+                code="checkpoint_not_found",
+                details={"treeSize": size},
+            )
+        body = checkpoint.note.split("\n\n", 1)[0] + "\n"
+        try:
+            verify_cosignature(body, line, peer.peer_did, public_key_from_did_key(peer.peer_did))
+        except ValueError as exc:
+            raise Invalid(
+                f"the cosignature does not hold: {exc}", code="cosignature_invalid"
+            ) from None
+        await self.store.add_cosignature(size, peer.peer_did, line)
+        return build_response_text(
+            self.key,
+            request=envelope,
+            kind="cosignature_response",
+            payload_jcs=join_members({"accepted": "true", "treeSize": str(size)}),
+            now_ms=now,
         )
 
     async def _burn(self, verified: VerifiedEnvelope) -> None:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
 from registry.errors import Invalid, NotFound
-from registry.store import EntryStore, TransparencyStore
+from registry.store import EntryStore, FederationStore, TransparencyStore
 from registry.transparency import (
     HASH_SIZE,
     TILE_WIDTH,
@@ -36,7 +36,7 @@ DEFAULT_RECORDS = 100
 FULL_TILE = HASH_SIZE * TILE_WIDTH
 
 
-class TransparencyStoreAndEntries(TransparencyStore, EntryStore, Protocol):
+class TransparencyStoreAndEntries(TransparencyStore, FederationStore, EntryStore, Protocol):
     """The ports the reads use (a Protocol: any store with both)."""
 
 
@@ -92,6 +92,11 @@ class Transparency:
                 details={"treeSize": size},
             )
         return found
+
+    async def served_note(self, checkpoint: StoredCheckpoint) -> str:
+        """The checkpoint as served: the registry's signed note, then one signature line per
+        witness that cosigned it (c2sp.org/tlog-cosignature)."""
+        return checkpoint.note + "".join(await self.store.cosignatures(checkpoint.size))
 
     # --- proofs ---------------------------------------------------------------------------
 
@@ -152,7 +157,7 @@ class Transparency:
             latest.size, lambda r: inclusion_path(sequence - 1, latest.size, r.mth)
         )
         return {
-            "checkpoint": latest.note,
+            "checkpoint": await self.served_note(latest),
             "record": log_record(record, digest),
             "proof": {"leafIndex": sequence - 1, "treeSize": latest.size, "proof": b64(proof)},
         }

@@ -255,6 +255,12 @@ class Rig:
                 return await peer.post(url, body)
         raise PeerUnreachable(f"no route to {url}")
 
+    async def get(self, url: str) -> PeerAnswer:
+        """These fake peers serve no verifiable log (an older release): pulled from without
+        witnessing (the witnessing is tested over real processes, tests/db)."""
+        await trio.lowlevel.checkpoint()
+        return PeerAnswer(404, b'{"error": {"code": "not_found"}}')
+
     async def endpoint_of(self, did: str) -> str:
         await trio.lowlevel.checkpoint()
         [endpoint] = [p.endpoint for p in self.config.peers if p.peer_did == did]

@@ -350,8 +350,8 @@ class Relayed:
 
 
 class Relay:
-    """An HTTP relay on loopback that passes POST requests on to `target` (set once the target
-    serves) and records each exchange. It holds requests until `open` is called, so that a
+    """An HTTP relay on loopback that passes requests on to `target` (set once the target
+    serves) and records each POST exchange. It holds requests until `open` is called, so that a
     registry configured with the relay as its peer's endpoint can start before its peer."""
 
     def __init__(self) -> None:
@@ -384,6 +384,24 @@ class Relay:
                 for name in ("Content-Type", "Retry-After"):
                     if name in answer.headers:
                         self.send_header(name, answer.headers[name])
+                self.send_header("Content-Length", str(len(answer.content)))
+                self.end_headers()
+                self.wfile.write(answer.content)
+
+            def do_GET(self) -> None:
+                """A peer's public reads (its log's checkpoint and proofs, which a witness
+                fetches): passed on, not recorded."""
+                if not relay._opened.wait(DEADLINE) or not relay.target:
+                    self.send_error(503)
+                    return
+                try:
+                    answer = httpx.get(relay.target + self.path, timeout=DEADLINE)
+                except httpx.HTTPError:
+                    self.send_error(502)
+                    return
+                self.send_response(answer.status_code)
+                if "Content-Type" in answer.headers:
+                    self.send_header("Content-Type", answer.headers["Content-Type"])
                 self.send_header("Content-Length", str(len(answer.content)))
                 self.end_headers()
                 self.wfile.write(answer.content)
