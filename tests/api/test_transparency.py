@@ -192,3 +192,71 @@ async def test_bad_parameters_are_refused_and_sizes_past_the_checkpoint_are_not_
     assert page == {"records": [], "hasMore": False, "next": n + 10}
     # A proof of the same size from and to is empty.
     assert (await get_json(h, f"/v1/log/proof/consistency?from={n}&to={n}"))["proof"] == []
+
+
+# --- a peer's cosignature (POST /v1/federation/cosignature) ------------------------------------
+
+
+async def test_a_peers_cosignature_is_checked_kept_and_served_with_the_checkpoint(
+    fresh_url: str, tmp_path: Path
+) -> None:
+    from registry.config import PeerConfig
+    from registry.envelope import build_request
+    from registry.transparency import checkpoint_body, cosign
+    from registry.usecases.common import now_ms
+
+    witness, stranger = SigningKey.generate(), SigningKey.generate()
+    config = make_config(fresh_url, tmp_path)
+    peer = PeerConfig(peer_did=witness.did, endpoint="http://127.0.0.1:9/w", kinds=["sync"])
+    config = config.model_copy(
+        update={"federation": config.federation.model_copy(update={"peers": [peer]})}
+    )
+    async for h in open_harness(config):
+        await publish(h)
+        with trio.fail_after(10):
+            latest = await h.service.transparency.checkpointed(await h.store.log_head())
+        body = latest.note.split("\n\n")[0] + "\n"
+        c = anon_client(h)
+
+        async def send(key: SigningKey, payload: Any, h: Harness = h, c: Any = c) -> Any:
+            envelope = build_request(
+                key,
+                kind="cosignature_request",
+                recipient_did=h.deps.registry_did,
+                payload=payload,
+                now_ms=now_ms(),
+            )
+            return await c.post("/v1/federation/cosignature", json=envelope)
+
+        line = cosign(body, witness.did, witness, 1_800_000_000)
+        r = await send(witness, {"treeSize": latest.size, "cosignature": line})
+        assert r.status_code == 200, await r.get_data()
+        answer = await r.get_json()
+        assert answer["kind"] == "cosignature_response"
+        assert answer["payload"] == {"accepted": True, "treeSize": latest.size}
+        served = (await (await c.get("/v1/log/checkpoint")).get_data()).decode()
+        assert served == latest.note + line  # the registry's signature, then the witness's
+        other_body = checkpoint_body(h.deps.registry_did, latest.size + 1, bytes(32))
+        bad = cosign(other_body, witness.did, witness, 1_800_000_000)
+        cases = [
+            (witness, {"treeSize": latest.size, "cosignature": bad}, 400, "cosignature_invalid"),
+            (
+                witness,
+                {"treeSize": latest.size + 9, "cosignature": line},
+                404,
+                "checkpoint_not_found",
+            ),
+            (witness, {"treeSize": "1", "cosignature": line}, 400, "cosignature_payload_invalid"),
+            (
+                witness,
+                {"treeSize": 1, "cosignature": line, "x": 1},
+                400,
+                "cosignature_payload_invalid",
+            ),
+            (stranger, {"treeSize": latest.size, "cosignature": line}, 403, "peer_unknown"),
+        ]
+        for key, payload, status, code in cases:
+            await error_of(await send(key, payload), status, code)
+        # a refused cosignature is not served
+        again = (await (await c.get("/v1/log/checkpoint")).get_data()).decode()
+        assert again == served

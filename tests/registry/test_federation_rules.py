@@ -142,3 +142,18 @@ def test_a_page_out_of_the_merge_order_is_detected_and_missing_times_sort_as_pos
     shuffled = page("did:key:p", list(reversed([json.loads(t) for t in sorted_page.entries])))
     assert not in_merge_order(order, shuffled)
     assert in_merge_order(OrderKey("relevance", True), shuffled)  # ranks: any order is its own
+
+
+def test_a_pull_imports_only_what_the_witnessed_checkpoint_covers() -> None:
+    from registry.federation import SyncAnswer, within_checkpoint
+
+    entries = tuple({"sequence": s} for s in (4, 6, 9))
+    answer = SyncAnswer(entries, has_more=True, next_sequence=9, head=20)
+    assert within_checkpoint(answer, 9, 3) is answer  # all inside the accepted tree
+    cut = within_checkpoint(answer, 7, 3)
+    assert [e["sequence"] for e in cut.entries] == [4, 6]
+    assert cut.next_sequence == 7  # the next pull goes on after the tree's last record
+    assert cut.has_more is False  # and waits for a newer checkpoint
+    behind = within_checkpoint(answer, 2, 3)  # a cursor past the tree never goes back
+    assert behind.entries == ()
+    assert behind.next_sequence == 3

@@ -331,3 +331,67 @@ def test_the_checkpointers_leaf_bytes_are_the_served_records_jcs() -> None:
         served = t.log_record(record, digest)
         assert t.record_bytes(record, digest) == canonicalize(served), served
         assert t.leaves_of([(record, digest)]) == [t.record_leaf(served)]
+
+
+# --- witnesses -----------------------------------------------------------------------------------
+
+
+def test_a_cosignature_is_c2sp_cosignature_v1_byte_for_byte() -> None:
+    from registry.keys import SigningKey
+
+    witness = SigningKey(bytes([7] * 32))
+    body = t.checkpoint_body("example.org/log", 5, h(b"root"))
+    line = t.cosign(body, "w.example", witness, 1_700_000_000)
+    name, encoded = line.removeprefix("\u2014 ").rstrip("\n").split(" ")
+    assert name == "w.example"
+    blob = base64.b64decode(encoded)
+    assert blob[:4] == h(b"w.example\n\x04" + witness.public_key)[:4]
+    assert int.from_bytes(blob[4:12], "big") == 1_700_000_000
+    message = b"cosignature/v1\ntime 1700000000\n" + body.encode()
+    nacl.signing.VerifyKey(witness.public_key).verify(message, blob[12:])
+    assert t.verify_cosignature(body, line, "w.example", witness.public_key) == 1_700_000_000
+    other = t.checkpoint_body("example.org/log", 6, h(b"root"))
+    with pytest.raises(ValueError, match="does not verify"):
+        t.verify_cosignature(other, line, "w.example", witness.public_key)
+    with pytest.raises(ValueError, match="not a cosignature"):
+        t.verify_cosignature(body, line, "w.example", SigningKey(bytes(32)).public_key)
+    with pytest.raises(ValueError, match="not a signature line"):
+        t.verify_cosignature(body, line, "x.example", witness.public_key)
+
+
+def test_a_witness_accepts_only_checkpoints_that_extend_the_last_it_accepted() -> None:
+    key = nacl.signing.SigningKey(bytes([3] * 32))
+    public = bytes(key.verify_key)
+
+    def offered(
+        n: int, *, origin: str = "log.example", tampered: bool = False
+    ) -> tuple[str, t.Checkpoint]:
+        hashes = leaves(n)
+        if tampered:
+            hashes[0] = h(b"rewritten")
+        note = t.sign_note(t.checkpoint_body(origin, n, mth(hashes)), origin, key)
+        return note, t.open_checkpoint(note, public)
+
+    note, checkpoint = offered(5)
+    first = t.judge(None, note, checkpoint, None)
+    assert isinstance(first, t.Witnessed)
+    assert first.size == 5
+    same = t.judge(first, *offered(5), None)
+    assert same is first
+    note, checkpoint = offered(9)
+    grown = t.judge(first, note, checkpoint, t.consistency_proof(5, leaves(9)))
+    assert isinstance(grown, t.Witnessed)
+    assert grown.size == 9
+    for verdict, detail in (
+        (t.judge(grown, *offered(7), None), "shrank"),
+        (t.judge(grown, *offered(9, tampered=True), None), "two roots"),
+        (t.judge(grown, *offered(9, origin="other.example"), None), "origin changed"),
+        (
+            t.judge(grown, *offered(12, tampered=True), t.consistency_proof(9, leaves(12))),
+            "does not extend",
+        ),
+    ):
+        assert isinstance(verdict, t.Fork), detail
+        assert verdict.reason == "log_inconsistent"
+        assert detail in verdict.detail
+        assert verdict.evidence["accepted"] == grown.note
