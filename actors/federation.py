@@ -301,6 +301,8 @@ async def run_peer(deps: PeerDeps, peer: PeerConfig) -> None:
     )
     if state.log_fork is not None or witness.fork is not None:
         log.error("federation: %s is quarantined: its log is inconsistent", did)
+        detail = str((witness.fork or {}).get("detail", "the log is inconsistent"))
+        deps.handle.states[did] = replace(state, log_fork=state.log_fork or detail)
         await trio.sleep_forever()  # nothing more is imported from a forked log
     async with trio.open_nursery() as nursery:
         ahead: _Fetch | None = None
@@ -320,6 +322,7 @@ async def run_peer(deps: PeerDeps, peer: PeerConfig) -> None:
                 if fork is not None:
                     forked = replace(state, log_fork=fork.detail)
                     await _record(deps, state, forked, [], [])
+                    deps.handle.states[did] = forked
                     await trio.sleep_forever()
                 if witness.accepted is not None:
                     state = replace(state, witnessed_size=witness.accepted.size)

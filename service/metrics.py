@@ -21,6 +21,7 @@ from prometheus_client.core import (
 from actors.anchoring import AnchoringHandle
 from actors.federation import FederationHandle
 from actors.log import LogHandle
+from actors.transparency import TransparencyHandle
 from actors.writer import Writer
 from registry.coherence import Caches
 from registry.histogram import Histogram
@@ -40,6 +41,7 @@ class Sources:
     store: HealthStore
     anchoring: AnchoringHandle
     federation: FederationHandle
+    transparency: TransparencyHandle
 
 
 def collectors(s: Sources) -> list[Callable[[], Iterable[Metric]]]:
@@ -51,6 +53,7 @@ def collectors(s: Sources) -> list[Callable[[], Iterable[Metric]]]:
         lambda: _pool(s),
         lambda: _peers(s),
         lambda: _anchoring(s),
+        lambda: _transparency(s),
     ]
 
 
@@ -202,7 +205,20 @@ def _peers(s: Sources) -> Iterable[Metric]:
         "When a pull last succeeded",
         labels=label,
     )
+    witnessed = GaugeMetricFamily(
+        "registry_peer_log_tree_size",
+        "The tree size of the peer's checkpoint this registry accepted last (witnessed)",
+        labels=label,
+    )
+    inconsistent = GaugeMetricFamily(
+        "registry_peer_log_inconsistent",
+        "1 once the peer's log contradicted a checkpoint it signed (a fork: quarantined)",
+        labels=label,
+    )
     for did, state in sorted(states.items()):
+        if state.witnessed_size is not None:
+            witnessed.add_metric([did], state.witnessed_size)
+        inconsistent.add_metric([did], int(state.log_fork is not None))
         for name in BREAKER_STATES:
             breaker.add_metric([did, name], int(state.breaker.state == name))
         failures.add_metric([did], state.breaker.consecutive_failures)
@@ -214,6 +230,7 @@ def _peers(s: Sources) -> Iterable[Metric]:
         if state.breaker.last_success_at_ms is not None:
             success.add_metric([did], state.breaker.last_success_at_ms / 1000)
     yield from (breaker, failures, cursor, lag, latency, quarantines, success)
+    yield from (witnessed, inconsistent)
     yield _gauge(
         "registry_federation_leader",
         "1 in the process that pulls from the peers",
@@ -249,4 +266,25 @@ def _anchoring(s: Sources) -> Iterable[Metric]:
         "registry_anchor_finality_seconds",
         "From a batch's claim to its confirmation",
         stats.finality,
+    )
+
+
+def _transparency(s: Sources) -> Iterable[Metric]:
+    handle = s.transparency
+    yield _gauge(
+        "registry_transparency_leader", "1 in the process that issues checkpoints", handle.leader
+    )
+    if handle.latest is not None:
+        yield _gauge(
+            "registry_log_checkpoint_size",
+            "The tree size of the newest checkpoint this process issued",
+            handle.latest.size,
+        )
+    yield _counter(
+        "registry_log_checkpoints_issued", "Checkpoints this process issued", handle.issued
+    )
+    yield _counter(
+        "registry_log_records_hashed",
+        "Log records this process hashed into the tree",
+        handle.records_hashed,
     )

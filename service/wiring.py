@@ -238,6 +238,7 @@ async def open_service(
                     store=store,
                     anchoring=anchoring,
                     federation=federation_handle,
+                    transparency=transparency,
                 )
             )
         )

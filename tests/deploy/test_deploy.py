@@ -54,7 +54,7 @@ def test_the_prometheus_configuration_and_alerts_check(tmp_path: Path) -> None:
     shutil.copy(DEPLOY / "registry-alerts.yml", tmp_path)
     done = _run(promtool, "check", "config", str(tmp_path / "prometheus.yml"))
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "SUCCESS: 14 rules found" in done.stdout
+    assert "SUCCESS: 16 rules found" in done.stdout
 
 
 async def test_every_metric_the_alerts_name_is_served(database_url: str, tmp_path: Path) -> None:
