@@ -274,12 +274,13 @@ def _transparency(s: Sources) -> Iterable[Metric]:
     yield _gauge(
         "registry_transparency_leader", "1 in the process that issues checkpoints", handle.leader
     )
+    size = GaugeMetricFamily(
+        "registry_log_checkpoint_size",
+        "The tree size of the newest checkpoint this process issued (only the one that issues)",
+    )
     if handle.latest is not None:
-        yield _gauge(
-            "registry_log_checkpoint_size",
-            "The tree size of the newest checkpoint this process issued",
-            handle.latest.size,
-        )
+        size.add_metric([], handle.latest.size)
+    yield size
     yield _counter(
         "registry_log_checkpoints_issued", "Checkpoints this process issued", handle.issued
     )
