@@ -33,7 +33,7 @@ from registry.envelope import build_request, verify_envelope
 from registry.errors import RegistryError
 from registry.keys import SigningKey
 from registry.store import FederationStore, WitnessRow
-from registry.transparency import Fork, Witnessed, cosign, judge, open_checkpoint
+from registry.transparency import Fork, Witnessed, cosign, judge, note_body, open_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +144,7 @@ class PeerWitness:
         return None
 
     async def _cosign(self, deps: WitnessDeps, base: str, accepted: Witnessed) -> None:
-        body = accepted.note.split("\n\n", 1)[0] + "\n"
+        body = note_body(accepted.note)
         now = deps.clock_ms()
         line = cosign(body, deps.key.did, deps.key, now // 1000)
         request = build_request(

@@ -202,6 +202,11 @@ def sign_note(body: str, key_name: str, key: nacl.signing.SigningKey) -> str:
     return f"{body}\n{SIGNATURE_PREFIX}{key_name} {base64.b64encode(blob).decode()}\n"
 
 
+def note_body(note: str) -> str:
+    """The signed text of a note: everything before the blank line, with its final newline."""
+    return note.split("\n\n", 1)[0] + "\n"
+
+
 def checkpoint_note(origin: str, size: int, tree_root: bytes, key: SigningKey) -> str:
     """The registry's checkpoint of a tree: signed by its key, under the key name `origin`."""
     return sign_note(

@@ -48,7 +48,7 @@ from registry.envelope import (
     sync_request_payload,
     verify_envelope,
 )
-from registry.errors import Forbidden, Invalid, NotFound, Unauthorized
+from registry.errors import Forbidden, Invalid, Unauthorized
 from registry.federation import (
     PeerState,
     SourcePage,
@@ -60,9 +60,10 @@ from registry.keys import SigningKey
 from registry.models import MAX_SAFE_INTEGER
 from registry.query import MAX_OFFSET, OrderKey, effective_order
 from registry.store import FederationStore, PeerRow, TransparencyStore, TrustStore
-from registry.transparency import verify_cosignature
+from registry.transparency import note_body, verify_cosignature
 from registry.usecases.common import Principal, now_ms, page_size
 from registry.usecases.records import body_object, put
+from registry.usecases.transparency import stored_checkpoint
 
 if TYPE_CHECKING:
     from registry.usecases.discovery import Discovery
@@ -179,14 +180,7 @@ class Federation:
                 "the payload is not {treeSize, cosignature}", code="cosignature_payload_invalid"
             )
         await self._burn(verified)
-        checkpoint = await self.store.checkpoint_of_size(size)
-        if checkpoint is None:
-            raise NotFound(
-                f"no checkpoint of tree size {size} is stored",
-                code="checkpoint_not_found",
-                details={"treeSize": size},
-            )
-        body = checkpoint.note.split("\n\n", 1)[0] + "\n"
+        body = note_body((await stored_checkpoint(self.store, size)).note)
         try:
             verify_cosignature(body, line, peer.peer_did, public_key_from_did_key(peer.peer_did))
         except ValueError as exc:

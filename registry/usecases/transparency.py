@@ -40,6 +40,18 @@ class TransparencyStoreAndEntries(TransparencyStore, FederationStore, EntryStore
     """The ports the reads use (a Protocol: any store with both)."""
 
 
+async def stored_checkpoint(store: TransparencyStore, size: int) -> StoredCheckpoint:
+    """The checkpoint of `size` the registry issued; NotFound if it issued none of that size."""
+    found = await store.checkpoint_of_size(size)
+    if found is None:
+        raise NotFound(
+            f"no checkpoint of tree size {size} is stored",
+            code="checkpoint_not_found",
+            details={"treeSize": size},
+        )
+    return found
+
+
 def b64(hashes: list[bytes]) -> list[str]:
     return [base64.b64encode(h).decode() for h in hashes]
 
@@ -84,14 +96,7 @@ class Transparency:
             return await self.latest()
         if size < 0:
             raise Invalid("treeSize must be 0 or more", code="invalid_tree_size")
-        found = await self.store.checkpoint_of_size(size)
-        if found is None:
-            raise NotFound(
-                f"no checkpoint of tree size {size} is stored",
-                code="checkpoint_not_found",
-                details={"treeSize": size},
-            )
-        return found
+        return await stored_checkpoint(self.store, size)
 
     async def served_note(self, checkpoint: StoredCheckpoint) -> str:
         """The checkpoint as served: the registry's signed note, then one signature line per
