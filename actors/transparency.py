@@ -96,10 +96,18 @@ async def resume(store: TransparencyStore) -> tuple[TreeBuilder, StoredCheckpoin
     size = 0 if latest is None else latest.size
     keys = TreeBuilder.edge_tiles(size)
     tiles = await store.tree_tiles(keys)
-    builder = TreeBuilder(size, {level: tiles[(level, idx)] for level, idx in keys})
-    if latest is not None and builder.root() != latest.root:
-        raise RuntimeError(
-            f"the stored tiles do not give checkpoint {size}'s root: the tree was altered"
+    try:
+        builder = TreeBuilder(size, {level: tiles[(level, idx)] for level, idx in keys})
+        intact = latest is None or builder.root() == latest.root
+    except (KeyError, ValueError, LookupError):
+        intact = False
+    if not intact:
+        # Not this process's to repair: say so loudly and keep trying (the supervisor's
+        # backoff), while the rest of the service runs; the proofs of what is stored still hold.
+        log.error("transparency: the stored tiles do not give checkpoint %d's root", size)
+        raise Unavailable(
+            f"the stored tree does not give checkpoint {size}'s root: it was altered",
+            code="log_tree_altered",
         )
     return builder, latest
 

@@ -1,0 +1,83 @@
+"""The checkpointer (actors/transparency.py) over the in-memory store on virtual time: it
+issues the empty tree's checkpoint, then one per step while the log grows, each a signed note
+whose root is the tree of the records as served (recomputed here from RFC 9162's definition);
+a restart resumes from the stored edge; a tree altered in the store stops it with a known
+failure (the supervisor's backoff), not a crash of the service."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+
+import pytest
+import trio
+import trio.testing
+
+from actors.supervisor import KNOWN_FAILURES, is_known
+from actors.transparency import TransparencyHandle, run_checkpointer
+from registry.canonical import canonicalize
+from registry.errors import Unavailable
+from registry.keys import SigningKey
+from registry.store.memory import MemoryStore
+from registry.transparency import log_record, open_checkpoint
+from tests.helpers import entry_created
+from tests.registry.test_transparency import mth
+
+KEY = SigningKey(bytes([9] * 32))
+
+
+async def grow(store: MemoryStore, count: int) -> int:
+    for _ in range(count):
+        await store.append([(entry_created(), None)])
+    return await store.log_head()
+
+
+async def served_root(store: MemoryStore, size: int) -> bytes:
+    rows = await store.log_records(0, size)
+    return mth([hashlib.sha256(b"\x00" + canonicalize(log_record(r, d))).digest() for r, d in rows])
+
+
+async def test_checkpoints_follow_the_log_and_resume_from_the_stored_edge(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store = MemoryStore()
+    for round_ in range(3):  # each round a new checkpointer, as after a restart
+        handle = TransparencyHandle()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(
+                lambda h=handle: run_checkpointer(store, KEY, KEY.did, every_seconds=1.0, handle=h)
+            )
+            head = await grow(store, 300 + 7 * round_)  # past a tile of 256 leaves
+            with trio.fail_after(30):
+                latest = await handle.checkpointed(head)
+            nursery.cancel_scope.cancel()
+        checkpoint = open_checkpoint(latest.note, KEY.public_key)
+        assert checkpoint.origin == KEY.did
+        assert checkpoint.size == head
+        assert checkpoint.root == await served_root(store, head)
+        assert base64.b64encode(checkpoint.root).decode() in latest.note
+    assert 0 in store._tables.checkpoints  # the empty tree's, issued first
+
+
+async def test_an_altered_tree_is_a_known_failure_not_a_crash(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store = MemoryStore()
+    handle = TransparencyHandle()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(
+            lambda: run_checkpointer(store, KEY, KEY.did, every_seconds=1.0, handle=handle)
+        )
+        head = await grow(store, 10)
+        with trio.fail_after(30):
+            await handle.checkpointed(head)
+        nursery.cancel_scope.cancel()
+    store._tables.tiles[(0, 0)] = bytes(32) * 10  # the leaves rewritten in the store
+    with pytest.raises(BaseException) as refused:  # noqa: PT011 (a group, unwrapped below)
+        await run_checkpointer(store, KEY, KEY.did, every_seconds=1.0, handle=TransparencyHandle())
+    assert is_known(refused.value, KNOWN_FAILURES)  # the supervisor retries, the service runs
+    leaf = refused.value
+    while isinstance(leaf, BaseExceptionGroup):
+        (leaf,) = leaf.exceptions
+    assert isinstance(leaf, Unavailable)
+    assert leaf.code == "log_tree_altered"
