@@ -743,6 +743,12 @@ def status_screen(body: dict[str, Any]) -> list[str]:
                 f"  {p['cursor']}  {p['lag']}  {latency}  {p.get('lastSuccessAt', '-')}"
                 f"  {p['quarantines']}"
             )
+            peer_log = p.get("log") or {}
+            if peer_log.get("state") == "inconsistent":
+                lines.append(
+                    f"            LOG INCONSISTENT ({peer_log.get('reason')}):"
+                    f" {peer_log.get('detail', '')}; nothing more is imported from it"
+                )
             for q in p.get("quarantined", []):
                 lines.append(
                     f"            quarantined #{q['sequence']} {q.get('entryDid') or '-'}:"

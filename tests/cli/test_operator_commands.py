@@ -103,6 +103,11 @@ def test_the_status_screen_lists_peers_quarantines_and_batches() -> None:
                 "lag": 3,
                 "quarantines": 1,
                 "nextAttemptAt": "2026-11-26T21:00:00.000Z",
+                "log": {
+                    "state": "inconsistent",
+                    "reason": "log_inconsistent",
+                    "detail": "two roots for tree size 7",
+                },
                 "quarantined": [
                     {
                         "sequence": 6,
@@ -127,5 +132,9 @@ def test_the_status_screen_lists_peers_quarantines_and_batches() -> None:
     assert "status    degraded   log head 42" in screen
     assert "did:key:zP  open  5  7  3  -  -  1" in screen
     assert "quarantined #6 did:web:x: signature_invalid (the signature fails)" in screen
+    assert (
+        "LOG INCONSISTENT (log_inconsistent): two roots for tree size 7; nothing more is imported"
+        in screen
+    )
     assert "anchoring 2 pending (oldest 2026-11-26T20:00:00.000Z), 1 batch(es) in flight" in screen
     assert "batch 40: submitted, 3 intent(s) tx 0xab" in screen
