@@ -41,6 +41,7 @@ from dataclasses import dataclass, field, replace
 
 import trio
 
+from actors.supervisor import while_leading
 from registry.anchoring import Member, Settlement, entry_state, settle, tree_of
 from registry.chain import Chain, ChainUnavailable
 from registry.changes import RETRY, Also, Change, IdemKey, Outcome
@@ -112,13 +113,7 @@ async def run_anchoring(
         async with store.leadership(LEADERSHIP) as leadership:
             stats.leader = True
             log.info("anchoring: this process is the anchoring leader")
-            async with trio.open_nursery() as nursery:
-
-                async def watch() -> None:
-                    await leadership.lost()  # raises Unavailable: the run ends
-
-                nursery.start_soon(watch)
-                await supervisor.loop()
+            await while_leading(leadership, supervisor.loop)
     finally:
         stats.leader = False
 

@@ -24,12 +24,25 @@ import trio
 from registry.errors import RegistryError, Unavailable
 from registry.outage import ConditionLog
 from registry.ratelimit import Backoff
-from registry.store import HealthStore
+from registry.store import HealthStore, Leadership
 
 log = logging.getLogger(__name__)
 
 KNOWN_FAILURES: tuple[type[Exception], ...] = (Unavailable, ConnectionError)
 READY_EVERY = 1.0  # seconds between two readiness checks during a backoff
+
+
+async def while_leading(leadership: Leadership, body: Callable[[], Awaitable[None]]) -> None:
+    """Run `body` while `leadership` holds: losing it (its connection) ends the run with
+    `Unavailable`, for the supervisor to restart and compete again."""
+    async with trio.open_nursery() as nursery:
+
+        async def watch() -> None:
+            await leadership.lost()  # raises Unavailable: the run ends
+
+        nursery.start_soon(watch)
+        await body()
+        nursery.cancel_scope.cancel()
 
 
 def describe(exc: BaseException) -> str:

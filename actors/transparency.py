@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from functools import partial
 
 import trio
 
+from actors.supervisor import while_leading
 from registry.errors import Unavailable
 from registry.keys import SigningKey
 from registry.store import TransparencyStore
@@ -79,13 +81,9 @@ async def run_checkpointer(
         async with store.leadership(LEADERSHIP) as leadership:
             handle.leader = True
             log.info("transparency: this process issues the log's checkpoints")
-            async with trio.open_nursery() as nursery:
-
-                async def watch() -> None:
-                    await leadership.lost()  # raises Unavailable: the run ends
-
-                nursery.start_soon(watch)
-                await _checkpoint_loop(store, key, origin, every_seconds, handle)
+            await while_leading(
+                leadership, partial(_checkpoint_loop, store, key, origin, every_seconds, handle)
+            )
     finally:
         handle.leader = False
 

@@ -53,6 +53,17 @@ def int_param(name: str) -> int | None:
     return int(raw)
 
 
+def version_sequence(sequence: str) -> int:
+    """A version's sequence from its path segment: 400 when it is not a positive integer, 404
+    when it is one beyond any sequence."""
+    number = parse_sequence(sequence)
+    if number is None:
+        if re.fullmatch(r"[1-9][0-9]*", sequence):  # well-formed, beyond any sequence
+            raise NotFound("no such version of this entry", code="version_not_found")
+        raise Invalid("sequence must be a positive integer", code="invalid_sequence")
+    return number
+
+
 def register(app: QuartTrio) -> None:
     @app.post("/v1/entries")
     @endpoint("write", auth="required", body_limit="entry_body_bytes")
@@ -183,10 +194,5 @@ def register(app: QuartTrio) -> None:
         },
     )
     async def get_entry_version(ctx: Ctx, did: str, sequence: str) -> Response:
-        number = parse_sequence(sequence)
-        if number is None:
-            if re.fullmatch(r"[1-9][0-9]*", sequence):  # well-formed, beyond any sequence
-                raise NotFound("no such version of this entry", code="version_not_found")
-            raise Invalid("sequence must be a positive integer", code="invalid_sequence")
-        doc, origin = await deps().entries.read_version(did, number)
+        doc, origin = await deps().entries.read_version(did, version_sequence(sequence))
         return json_response(doc, 200, **({} if origin is None else {"Registry-Origin": origin}))

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from quart import Response
 from quart_trio import QuartTrio
 
-from api.entries import int_param
+from api.entries import int_param, version_sequence
 from api.http import Ctx, deps, dumps, endpoint, json_response
 from api.openapi import documented, ok
-from registry.errors import Invalid, NotFound
+from registry.errors import Invalid
 from registry.models import MAX_SAFE_INTEGER
-from registry.usecases.common import parse_sequence
 
 
 def _param(
@@ -116,9 +114,5 @@ def register(app: QuartTrio) -> None:
         },
     )
     async def version_proof(ctx: Ctx, did: str, sequence: str) -> Response:
-        number = parse_sequence(sequence)
-        if number is None:
-            if re.fullmatch(r"[1-9][0-9]*", sequence):
-                raise NotFound("no such version of this entry", code="version_not_found")
-            raise Invalid("sequence must be a positive integer", code="invalid_sequence")
-        return json_response(dumps(await deps().transparency.version_bundle(did, number)))
+        bundle = await deps().transparency.version_bundle(did, version_sequence(sequence))
+        return json_response(dumps(bundle))

@@ -31,9 +31,10 @@ import nacl.exceptions
 import nacl.signing
 
 from registry.canonical import canonicalize
-from registry.changes import CHANGE_KINDS, LogRecord, rfc3339_ms
+from registry.changes import LogRecord, rfc3339_ms
 from registry.entries import check_entry
 from registry.errors import Invalid
+from registry.events import PUBLIC_KINDS
 from registry.keys import SigningKey
 
 EMPTY_ROOT = hashlib.sha256(b"").digest()
@@ -435,9 +436,7 @@ class TreeBuilder:
         """The tiles changed since the last call, each in full (full or partial)."""
         tiles = self._full
         for key in self._dirty - tiles.keys():
-            level, index = key
-            tiles[key] = b"".join(self._levels[level])  # the partial tile of its level
-            assert index == self.size >> (self._height * (level + 1))
+            tiles[key] = b"".join(self._levels[key[0]])  # the partial tile of its level
         self._dirty, self._full = set(), {}
         return tiles
 
@@ -465,12 +464,6 @@ class StoredCheckpoint:
 # --- the records ---------------------------------------------------------------------------------
 
 
-def audience(kind: str) -> str:
-    """Who may read a kind's subject and data (an unknown kind's are redacted)."""
-    known = CHANGE_KINDS.get(kind)
-    return "internal" if known is None else known.audience
-
-
 def log_record(record: LogRecord, document_hash: str | None) -> dict[str, Any]:
     """The record of one log position as `GET /v1/log/records` serves it and the tree commits
     to. A public kind shows its subject and data, and an entry version's `documentHash`; an
@@ -483,7 +476,7 @@ def log_record(record: LogRecord, document_hash: str | None) -> dict[str, Any]:
         "at": rfc3339_ms(record.at_ms),
         "data": dict(record.data),
     }
-    if audience(record.kind) != "public":
+    if record.kind not in PUBLIC_KINDS:
         hidden = canonicalize({"subject": record.entry_did, "data": out["data"]})
         out["subject"] = None
         out["data"] = None
@@ -518,7 +511,7 @@ def record_bytes(record: LogRecord, document_hash: str | None) -> bytes:
     data, documentHash, kind, redacted, sequence, subject): the leaf bytes of every record the
     checkpointer hashes, without building and walking the record first. A test holds it equal
     to `canonicalize(log_record(...))`."""
-    if audience(record.kind) != "public":
+    if record.kind not in PUBLIC_KINDS:
         return canonicalize(log_record(record, document_hash))
     parts = ['{"at":"', _at(record.at_ms), '","data":', canonicalize(dict(record.data)).decode()]
     if document_hash is not None:
