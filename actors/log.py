@@ -1,7 +1,8 @@
 """The log actor: one reader of the durable log per process, fanning records out to subscribers.
 
 Theory of operation. The log (every accepted change, gap-free, commit order = sequence order)
-is the source of truth; LISTEN/NOTIFY only wakes readers. The actor owns the LISTEN connection,
+is the source of truth; LISTEN/NOTIFY only wakes readers (a process that reads a streaming
+replica polls instead: `store.listen_log`, docs/replicas.md). The actor owns the LISTEN connection,
 the last position it has read (`head`), a ring of the most recent records, and the set of live
 subscribers. On each wake-up (and every `poll_seconds`, in case a notification is lost) it reads
 the log after `head` page by page and hands each page, as one `Batch`, to every live subscriber's

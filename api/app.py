@@ -23,6 +23,7 @@ from api.framing import with_framing_checks
 from api.http import Deps, fresh_request_id, new_request_id
 from api.observe import install
 from registry.errors import Invalid, MethodNotAllowed, NotFound, RegistryError, TooLarge
+from registry.store.routing import MIN_SEQUENCE_HEADER, READ_FLOOR, parse_floor
 
 
 def _register_routes(app: QuartTrio) -> None:
@@ -59,6 +60,21 @@ def create_app(dependencies: Deps) -> QuartTrio:
             raise NotFound(
                 f"no route for {request.path} on the metrics listener", code="route_not_found"
             )
+
+    @app.before_request
+    async def reads_may_lag_for_gets() -> None:
+        # A GET may be answered by the read replica once it has replayed the client's floor
+        # (registry/store/routing.py); any other method's reads decide a write: the primary.
+        # Set on every request, as a connection's requests may share a task.
+        floor: int | None = None
+        if request.method in ("GET", "HEAD"):
+            value = request.headers.get(MIN_SEQUENCE_HEADER)
+            try:
+                floor = 0 if value is None else parse_floor(value.strip())
+            except ValueError as exc:
+                READ_FLOOR.set(None)
+                raise Invalid(str(exc), code="invalid_min_sequence") from None
+        READ_FLOOR.set(floor)
 
     @app.errorhandler(HTTPException)
     async def http_error(exc: HTTPException) -> Response:

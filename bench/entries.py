@@ -42,6 +42,7 @@ import urllib.error
 import urllib.request
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -555,6 +556,7 @@ class Measurement:
     servers: int
     notes: list[str] = field(default_factory=list)
     label: str = ""  # shown instead of `endpoint` ("bare again")
+    replica_cpu_s: float = math.nan  # a read replica's CPU (bench/scale.py)
 
     def us_per_request(self, cpu_s: float) -> float:
         return cpu_s / self.result.requests * 1e6 if self.result.requests else float("nan")
@@ -583,6 +585,10 @@ class Bench:
         self.create_runs = 0
         self.seed = secrets.token_bytes(32)
         self.run_tag = secrets.token_hex(4)
+        # The PostgreSQL processes whose CPU a row counts (bench/scale.py points it elsewhere).
+        self.pg_pids: Callable[[], set[int]] = lambda: postgres_pids(args.postgres, self.db)
+        # A read replica's processes, counted apart (bench/scale.py's replica rows).
+        self.replica_pids: Callable[[], set[int]] | None = None
 
     def log(self, message: str) -> None:
         log(message)
@@ -625,8 +631,9 @@ class Bench:
         spy = self.profile_start(tag, servers[0]) if len(servers) == 1 else None
         everyone0 = all_processes() if args.verbose else {}
         server0 = sum(proc_cpu(s.pid) for s in servers)
-        pg_before = postgres_pids(args.postgres, self.db)
+        pg_before = self.pg_pids()
         pg0 = cpu_snapshot(pg_before)
+        replica0 = cpu_snapshot(self.replica_pids()) if self.replica_pids else {}
         busy0, total0 = machine_busy()
         children0 = os.times()
         result = run_wrk(self.workdir, tag, load, args.duration, path=path, pool=pool, token=token)
@@ -635,7 +642,10 @@ class Bench:
             self.create_runs += 1
         children1 = os.times()
         busy1, total1 = machine_busy()
-        pg1 = cpu_snapshot(pg_before | postgres_pids(args.postgres, self.db))
+        pg1 = cpu_snapshot(pg_before | self.pg_pids())
+        replica_cpu_s = math.nan
+        if self.replica_pids:
+            replica_cpu_s = cpu_delta(replica0, cpu_snapshot(set(replica0) | self.replica_pids()))
         server1 = sum(proc_cpu(s.pid) for s in servers)
         everyone1 = all_processes() if args.verbose else {}
         if spy is not None:
@@ -653,6 +663,7 @@ class Bench:
             machine_busy_s=(busy1 - busy0) / CLK_TCK,
             servers=len(servers),
             label=label,
+            replica_cpu_s=replica_cpu_s,
         )
         if warmup.problems():
             m.notes.append("warm-up: " + "; ".join(warmup.problems()))

@@ -72,13 +72,25 @@ class DatabaseConfig(_Section):
     url: str = ""
     pool_min: Annotated[int, Field(ge=1, le=100)] = 2
     pool_max: Annotated[int, Field(ge=1, le=200)] = 16
+    # A streaming replica of `url` for reads (docs/replicas.md). GET requests and the event
+    # stream read it while it has replayed what this process wrote or saw; everything else,
+    # and every read the replica cannot answer, goes to `url`. Empty: every read on `url`.
+    read_url: str = ""
+    # With a replica, the log is followed by polling it this often (a replica refuses LISTEN).
+    read_poll_seconds: Annotated[float, Field(ge=0.005, le=10)] = 0.05
 
-    @field_validator("url")
+    @field_validator("url", "read_url")
     @classmethod
     def _url(cls, value: str) -> str:
         if value and not value.startswith(("postgres://", "postgresql://")):
             raise ValueError("must be a postgresql:// URL, or empty for the embedded default")
         return value
+
+    @model_validator(mode="after")
+    def _replica_of_a_primary(self) -> DatabaseConfig:
+        if self.read_url and not self.url:
+            raise ValueError("read_url needs url: a replica of the embedded default is not served")
+        return self
 
 
 class AuthConfig(_Section):

@@ -26,6 +26,7 @@ from actors.writer import Writer
 from registry.coherence import Caches
 from registry.histogram import Histogram
 from registry.store import HealthStore
+from registry.store.pg import RoutedPgStore
 from ws.events import EventDeps
 
 BREAKER_STATES = ("closed", "open", "half_open")
@@ -51,6 +52,7 @@ def collectors(s: Sources) -> list[Callable[[], Iterable[Metric]]]:
         lambda: _events(s),
         lambda: _caches(s),
         lambda: _pool(s),
+        lambda: _replica(s),
         lambda: _peers(s),
         lambda: _anchoring(s),
         lambda: _transparency(s),
@@ -174,6 +176,39 @@ def _pool(s: Sources) -> Iterable[Metric]:
         "registry_db_connections_waiting",
         "Callers waiting for a database connection",
         stats["waiting"],
+    )
+
+
+def _replica(s: Sources) -> Iterable[Metric]:
+    if not isinstance(s.store, RoutedPgStore):
+        return  # no database.read_url
+    state = s.store.replica_state
+    reads = CounterMetricFamily(
+        "registry_db_reads",
+        "Reads that may lag (GETs, the log), by the database that answered: replica, primary",
+        labels=["database"],
+    )
+    for target in ("replica", "primary"):
+        reads.add_metric([target], state.reads[target])
+    yield reads
+    yield _counter(
+        "registry_replica_read_failures",
+        "Reads the replica failed (lost connection, recovery conflict); the primary answered",
+        state.failures,
+    )
+    yield _gauge(
+        "registry_replica_replayed_sequence",
+        "The log sequence the replica had replayed when last asked (-1: unknown or down)",
+        state.replayed,
+    )
+    yield _gauge(
+        "registry_replica_lag_records",
+        "Log records this process wrote or saw that the replica had not replayed",
+        state.lag,
+    )
+    stats = s.store.replica_pool_statistics()
+    yield _gauge(
+        "registry_replica_connections_open", "Connections open to the replica", stats["open"]
     )
 
 

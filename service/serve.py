@@ -203,8 +203,16 @@ async def serve(
         if applied:
             log.info("applied migrations %s", applied)
         store = await stack.enter_async_context(
-            open_pg_store(dsn, min_size=config.database.pool_min, max_size=config.database.pool_max)
+            open_pg_store(
+                dsn,
+                min_size=config.database.pool_min,
+                max_size=config.database.pool_max,
+                read_dsn=config.database.read_url,
+                read_poll_seconds=config.database.read_poll_seconds,
+            )
         )
+        if config.database.read_url:
+            log.info("reads that may lag go to the replica at database.read_url")
         identity: IdentityResolver = DidKeyIdentity()
         if config.auth.identity_resolver_url:
             identity = await stack.enter_async_context(

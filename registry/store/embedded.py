@@ -64,10 +64,15 @@ class EmbeddedPostgres:
         """Where PGDATA lives (decided on first use, which also picks the cluster user)."""
         return self._resolve()
 
-    def start(self) -> str:
-        """Init the cluster if missing, start it (or reuse a live one), ensure DB; return a DSN."""
+    def start(self, *, replica_of: str = "") -> str:
+        """Init the cluster if missing, start it (or reuse a live one), ensure DB; return a DSN.
+
+        `replica_of` (the DSN of another cluster, e.g. another embedded one's): a missing
+        cluster is made a streaming replica of it (`pg_basebackup -R`) instead of a new one,
+        a hot standby that answers reads: the replica path of `database.read_url`, on one
+        machine (docs/replicas.md)."""
         try:
-            return self._start()
+            return self._start(replica_of)
         except OSError as exc:  # filesystem trouble: mkdir, chown, pointer file, copying binaries
             raise EmbeddedPostgresError(f"cannot prepare embedded PostgreSQL: {exc}") from exc
 
@@ -92,9 +97,15 @@ class EmbeddedPostgres:
         stat = self._resolve().stat()
         return stat.st_uid, stat.st_gid
 
-    def _start(self) -> str:
+    def _start(self, replica_of: str) -> str:
         cluster, pg_ctl = self._resolve(), self._exe("pg_ctl")
         self._make_cluster_dir(cluster)
+        if replica_of and not (cluster / "PG_VERSION").exists():
+            self._log.info("copying a streaming replica of %s into %s", replica_of, cluster)
+            backup = [self._exe("pg_basebackup"), "-D", str(cluster), "-R", "-X", "stream"]
+            self._run([*backup, "-c", "fast", "-d", replica_of], timeout=600)
+            # The copy holds the source's socket lock file, which is not ours to report.
+            (cluster / f"{_SOCKET_NAME}.lock").unlink(missing_ok=True)
         if not (cluster / "PG_VERSION").exists():
             self._log.info("initialising embedded PostgreSQL cluster in %s", cluster)
             initdb = [self._exe("initdb"), "-D", str(cluster), "-U", SUPERUSER, *_INITDB_FLAGS]

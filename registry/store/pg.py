@@ -41,6 +41,7 @@ from registry.store import (
     AnchoringOverview,
     EntryHead,
     IntentRow,
+    LogWakeups,
     OpenBatch,
     PeerRow,
     Quarantined,
@@ -53,6 +54,7 @@ from registry.store import (
 )
 from registry.store.discover import Plan, compile_discover
 from registry.store.pool import LeanPool
+from registry.store.routing import READ_FLOOR, RETRY_SECONDS, ReplicaState
 from registry.transparency import Fork, StoredCheckpoint, TileKey, Witnessed
 
 log = logging.getLogger(__name__)
@@ -1045,7 +1047,7 @@ class PgStore:
     # --- notifications --------------------------------------------------------------------
 
     @asynccontextmanager
-    async def listen_log(self) -> AsyncIterator[Notifications]:
+    async def listen_log(self) -> AsyncIterator[LogWakeups]:
         """Wake-ups whenever a batch of changes commits (in any process on this database)."""
         async with self.listen("registry_log") as notes:
             yield notes
@@ -1126,16 +1128,138 @@ class Notifications:
         return batch
 
 
-@asynccontextmanager
-async def open_pg_store(
-    dsn: str, *, min_size: int = 2, max_size: int = 10
-) -> AsyncIterator[PgStore]:
-    """A connection pool for the duration of the block. Needs a running trio-asyncio loop.
+# --- reads from a streaming replica (registry/store/routing.py) -------------------------------
 
-    Its connections carry `application_name` `registry <token>`, one token per pool: the
-    processes serving from one database count each other by it (`live_processes`)."""
 
-    pool = LeanPool(
+def _from_replica(
+    method: Callable[P, Coroutine[Any, Any, T]], *, log: bool = False
+) -> Callable[P, Coroutine[Any, Any, T]]:
+    """`PgStore.method`, answered by the replica when `routing` allows it. The log's reads
+    (`log`) may always lag (events follow the replica); the others only in a task that set
+    `READ_FLOOR` (a GET)."""
+
+    async def call(*args: P.args, **kwargs: P.kwargs) -> T:
+        store = args[0]
+        assert isinstance(store, RoutedPgStore)
+        floor = READ_FLOOR.get()
+        return await store.read(method, 0 if log and floor is None else floor, args, kwargs)
+
+    call.__name__ = method.__name__
+    call.__doc__ = method.__doc__
+    return call
+
+
+class RoutedPgStore(PgStore):
+    """The store of a process with a read replica: writes, decisions and everything written
+    outside the append path on the primary; reads that may lag on the replica while it has
+    replayed all this process has written or seen (registry/store/routing.py)."""
+
+    def __init__(self, pool: LeanPool, replica: PgStore, *, poll_seconds: float) -> None:
+        super().__init__(pool)
+        self._replica = replica
+        self._poll_seconds = poll_seconds
+        self.replica_state = ReplicaState()
+
+    def replica_pool_statistics(self) -> dict[str, int]:
+        return self._replica.pool_statistics()
+
+    async def read(
+        self,
+        method: Callable[..., Coroutine[Any, Any, T]],
+        floor: int | None,
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+    ) -> T:
+        state = self.replica_state
+        if state.serves(floor, trio.current_time()):
+            try:
+                result = await method(self._replica, *args[1:], **kwargs)
+            except (Unavailable, asyncpg.PostgresError) as exc:
+                # A lost connection, a statement the replica's recovery cancelled, a replica
+                # still replaying a migration: the primary answers this one, and a replica that
+                # cannot be reached or read is left alone a while.
+                state.failures += 1
+                if not isinstance(exc, Unavailable) or exc.code == "database_unavailable":
+                    self._replica_down(exc)
+            else:
+                state.reads["replica"] += 1
+                return result
+        state.reads["primary"] += 1
+        return await method(self, *args[1:], **kwargs)
+
+    def _replica_down(self, exc: BaseException) -> None:
+        state = self.replica_state
+        if trio.current_time() >= state.down_until:
+            log.warning(
+                "the read replica cannot be reached (%s); reads go to the primary, retried in"
+                " %.0f s",
+                exc,
+                RETRY_SECONDS,
+            )
+        state.down_until = trio.current_time() + RETRY_SECONDS
+        state.replayed = -1
+
+    async def refresh_replica(self) -> None:
+        """Read how far the replica has replayed the log (its `log_head` row)."""
+        state = self.replica_state
+        if trio.current_time() < state.down_until:
+            return
+        try:
+            replayed = await PgStore.log_head(self._replica)
+        except (Unavailable, asyncpg.PostgresError) as exc:  # e.g. a schema not replayed yet
+            self._replica_down(exc)
+            return
+        if state.replayed < 0:
+            log.info("the read replica has replayed the log to %d", replayed)
+        state.replayed = replayed
+
+    # The one write path: what this process wrote, a replica must have before it answers.
+    async def append(self, items: list[tuple[Change, IdemKey | None]]) -> list[Outcome]:
+        outcomes = await super().append(items)
+        self.replica_state.saw(max((o.sequence or 0 for o in outcomes), default=0))
+        return outcomes
+
+    # Reads of what only the append path writes (every row carries its log position).
+    get_entry_head = _from_replica(PgStore.get_entry_head)
+    list_versions = _from_replica(PgStore.list_versions)
+    get_version = _from_replica(PgStore.get_version)
+    anchor_states = _from_replica(PgStore.anchor_states)
+    version_labelled = _from_replica(PgStore.version_labelled)
+    run_plan = _from_replica(PgStore.run_plan)
+    get_record = _from_replica(PgStore.get_record)
+    list_records = _from_replica(PgStore.list_records)
+    replica_head = _from_replica(PgStore.replica_head)
+    replica_versions = _from_replica(PgStore.replica_versions)
+    replica_version = _from_replica(PgStore.replica_version)
+    log_records = _from_replica(PgStore.log_records)
+
+    async def log_after(self, after_seq: int, limit: int) -> list[LogRecord]:
+        records = await _from_replica(PgStore.log_after, log=True)(self, after_seq, limit)
+        if records:
+            self.replica_state.saw(records[-1].seq)
+        return records
+
+    @asynccontextmanager
+    async def listen_log(self) -> AsyncIterator[LogWakeups]:
+        """Wake-ups every `poll_seconds`, once the replica's replayed head is read again: a
+        replica refuses LISTEN, so the log is followed by polling."""
+        yield ReplicaPoll(self, self._poll_seconds)
+
+
+class ReplicaPoll:
+    """The log actor's wake-ups on a process with a read replica (no LISTEN)."""
+
+    def __init__(self, store: RoutedPgStore, seconds: float) -> None:
+        self._store = store
+        self._seconds = seconds
+
+    async def wait(self) -> None:
+        await trio.sleep(self._seconds)
+        await self._store.refresh_replica()
+
+
+def _lean_pool(dsn: str, *, min_size: int, max_size: int) -> LeanPool:
+    return LeanPool(
         dsn,
         min_size=min_size,
         max_size=max_size,
@@ -1144,6 +1268,25 @@ async def open_pg_store(
             "application_name": f"registry {secrets.token_hex(6)}",
         },
     )
+
+
+@asynccontextmanager
+async def open_pg_store(
+    dsn: str,
+    *,
+    min_size: int = 2,
+    max_size: int = 10,
+    read_dsn: str = "",
+    read_poll_seconds: float = 0.05,
+) -> AsyncIterator[PgStore]:
+    """A connection pool for the duration of the block. Needs a running trio-asyncio loop.
+
+    Its connections carry `application_name` `registry <token>`, one token per pool: the
+    processes serving from one database count each other by it (`live_processes`).
+    With `read_dsn` (a streaming replica of `dsn`) a `RoutedPgStore`: its pool connects on
+    demand, so a replica that is down at start only sends the reads to the primary."""
+
+    pool = _lean_pool(dsn, min_size=min_size, max_size=max_size)
     try:
         with trio.fail_after(QUERY_TIMEOUT_SECONDS):
             await trio_asyncio.aio_as_trio(pool.open)()
@@ -1151,8 +1294,16 @@ async def open_pg_store(
         raise Unavailable(
             f"cannot connect to the database: {exc!r}", code="database_unavailable"
         ) from exc
+    replica_pool = _lean_pool(read_dsn, min_size=0, max_size=max_size) if read_dsn else None
     try:
-        yield PgStore(pool)
+        if replica_pool is None:
+            yield PgStore(pool)
+        else:
+            store = RoutedPgStore(pool, PgStore(replica_pool), poll_seconds=read_poll_seconds)
+            await store.refresh_replica()
+            yield store
     finally:
         with trio.CancelScope(shield=True):
+            if replica_pool is not None:
+                await trio_asyncio.aio_as_trio(replica_pool.close)()
             await trio_asyncio.aio_as_trio(pool.close)()

@@ -1,0 +1,74 @@
+"""Which database answers a read: the primary, or a streaming replica (`database.read_url`).
+
+Theory of operation. A replica replays the primary's WAL in commit order, so at any moment it
+holds a prefix of the log: every change up to some sequence (its *replayed head*, read from its
+`log_head` row) and none after. A process may serve a read from the replica only when that
+prefix covers everything the read must reflect:
+
+* everything this process has written or seen (`seen`: the highest sequence among its own
+  append outcomes and the log records it has read). Its caches were filled and dropped by that
+  much of the log (`registry/coherence.py`); a read from an older prefix could put a value back
+  into a cache that the log has already passed, where nothing would drop it again. And its own
+  clients read their writes;
+* the request's floor (`Registry-Min-Sequence`: a client that wrote through another process
+  names the sequence it got);
+* and only reads a caller allowed to lag: a GET's reads (`READ_FLOOR` set by the API) and the
+  log itself (events). A write's decision always reads the primary: a lagging head would refuse
+  an update with a spurious `sequence_conflict`. Rows written outside the append path (sessions,
+  challenges, nonces, checkpoints, witness state) have no sequence to wait for, so they are
+  always read from the primary.
+
+Otherwise the read goes to the primary, which has every committed change. A replica that fails
+(connection lost, statement cancelled by a recovery conflict) is skipped for the call, and one
+that cannot be reached is left alone for `RETRY_SECONDS`; reads then fall back to the primary.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+
+# The least sequence the current task's reads must reflect; None: this task's reads must come
+# from the primary (the default: actors and writes). Set per request by the API (GET, HEAD).
+READ_FLOOR: ContextVar[int | None] = ContextVar("registry_read_floor", default=None)
+
+MIN_SEQUENCE_HEADER = "Registry-Min-Sequence"
+RETRY_SECONDS = 5.0  # how long an unreachable replica is left alone before it is tried again
+MAX_FLOOR = 2**63 - 1
+
+
+@dataclass
+class ReplicaState:
+    """What the process knows of its replica; touched only from the one Trio thread."""
+
+    replayed: int = -1  # the replica's replayed log head when last read (-1: not yet known)
+    seen: int = 0  # the highest sequence this process wrote or read from the log
+    down_until: float = 0.0  # trio.current_time() before which the replica is not tried
+    reads: Counter[str] = field(default_factory=Counter)  # reads answered, by "replica"/"primary"
+    failures: int = 0  # replica reads that failed and were answered by the primary
+
+    def saw(self, sequence: int) -> None:
+        if sequence > self.seen:
+            self.seen = sequence
+
+    def serves(self, floor: int | None, now: float) -> bool:
+        """Whether a read with `floor` (None: must not lag) may go to the replica now."""
+        return (
+            floor is not None
+            and now >= self.down_until
+            and self.replayed >= 0
+            and self.replayed >= max(self.seen, floor)
+        )
+
+    @property
+    def lag(self) -> int:
+        """Records this process has seen that the replica had not replayed when last asked."""
+        return max(0, self.seen - self.replayed) if self.replayed >= 0 else self.seen
+
+
+def parse_floor(value: str) -> int:
+    """A `Registry-Min-Sequence` header's value: a decimal sequence, 0..2^63-1."""
+    if not value.isascii() or not value.isdigit() or len(value) > 19 or int(value) > MAX_FLOOR:
+        raise ValueError("Registry-Min-Sequence must be a sequence: a decimal integer >= 0")
+    return int(value)
