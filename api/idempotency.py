@@ -19,6 +19,7 @@ from registry.changes import IdemKey, Outcome
 from registry.errors import Invalid
 
 HEADER = "Idempotency-Key"
+SEQUENCE_HEADER = "Registry-Sequence"
 
 
 def idem_key(ctx: Ctx, operation: str, *, scope: str | None = None) -> IdemKey:
@@ -48,4 +49,7 @@ def respond(ctx: Ctx, outcome: Outcome, status: int) -> Response:
     if outcome.replayed:
         ctx.extra_headers["Idempotent-Replayed"] = "true"
     body = outcome.unwrap()
+    if outcome.sequence is not None:
+        # The position the write took: what a later GET may name in Registry-Min-Sequence.
+        ctx.extra_headers[SEQUENCE_HEADER] = str(outcome.sequence)
     return json_response(body, status)

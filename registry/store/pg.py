@@ -54,7 +54,12 @@ from registry.store import (
 )
 from registry.store.discover import Plan, compile_discover
 from registry.store.pool import LeanPool
-from registry.store.routing import READ_FLOOR, RETRY_SECONDS, ReplicaState
+from registry.store.routing import (
+    READ_FLOOR,
+    REPLICA_DEADLINE_SECONDS,
+    RETRY_SECONDS,
+    ReplicaState,
+)
 from registry.transparency import Fork, StoredCheckpoint, TileKey, Witnessed
 
 log = logging.getLogger(__name__)
@@ -1173,14 +1178,18 @@ class RoutedPgStore(PgStore):
         state = self.replica_state
         if state.serves(floor, trio.current_time()):
             try:
-                result = await method(self._replica, *args[1:], **kwargs)
-            except (Unavailable, asyncpg.PostgresError) as exc:
-                # A lost connection, a statement the replica's recovery cancelled, a replica
-                # still replaying a migration: the primary answers this one, and a replica that
-                # cannot be reached or read is left alone a while.
+                with trio.fail_after(REPLICA_DEADLINE_SECONDS):
+                    result = await method(self._replica, *args[1:], **kwargs)
+            except (Unavailable, asyncpg.PostgresError, trio.TooSlowError) as exc:
+                # A lost connection, a replica that hangs, a statement its recovery cancelled,
+                # a migration it has not replayed: the primary answers, and a replica that
+                # cannot be reached, read or that does not answer in time is left alone a while.
                 state.failures += 1
-                if not isinstance(exc, Unavailable) or exc.code == "database_unavailable":
+                if not isinstance(exc, Unavailable) or exc.code != "database_busy":
                     self._replica_down(exc)
+                # The rest of this request reads the primary: a newer state, then an older
+                # one (a bundle's version, then its record) would not fit together.
+                READ_FLOOR.set(None)
             else:
                 state.reads["replica"] += 1
                 return result
@@ -1205,19 +1214,31 @@ class RoutedPgStore(PgStore):
         if trio.current_time() < state.down_until:
             return
         try:
-            replayed = await PgStore.log_head(self._replica)
-        except (Unavailable, asyncpg.PostgresError) as exc:  # e.g. a schema not replayed yet
+            with trio.fail_after(REPLICA_DEADLINE_SECONDS):
+                replayed = await PgStore.log_head(self._replica)
+        except (Unavailable, asyncpg.PostgresError, trio.TooSlowError) as exc:
             self._replica_down(exc)
             return
         if state.replayed < 0:
             log.info("the read replica has replayed the log to %d", replayed)
         state.replayed = replayed
 
-    # The one write path: what this process wrote, a replica must have before it answers.
+    # What this process wrote, a replica must have before it answers; and where the log
+    # actor starts (its caches are dropped from there on), too.
     async def append(self, items: list[tuple[Change, IdemKey | None]]) -> list[Outcome]:
         outcomes = await super().append(items)
         self.replica_state.saw(max((o.sequence or 0 for o in outcomes), default=0))
         return outcomes
+
+    async def record_refusal(self, idem: IdemKey, refusal: Refusal) -> Outcome:
+        outcome = await super().record_refusal(idem, refusal)
+        self.replica_state.saw(outcome.sequence or 0)  # a replayed success has its position
+        return outcome
+
+    async def log_head(self) -> int:
+        head = await super().log_head()
+        self.replica_state.saw(head)
+        return head
 
     # Reads of what only the append path writes (every row carries its log position).
     get_entry_head = _from_replica(PgStore.get_entry_head)
@@ -1231,7 +1252,6 @@ class RoutedPgStore(PgStore):
     replica_head = _from_replica(PgStore.replica_head)
     replica_versions = _from_replica(PgStore.replica_versions)
     replica_version = _from_replica(PgStore.replica_version)
-    log_records = _from_replica(PgStore.log_records)
 
     async def log_after(self, after_seq: int, limit: int) -> list[LogRecord]:
         records = await _from_replica(PgStore.log_after, log=True)(self, after_seq, limit)
@@ -1254,8 +1274,10 @@ class ReplicaPoll:
         self._seconds = seconds
 
     async def wait(self) -> None:
-        await trio.sleep(self._seconds)
+        # Refreshed first: a poll that is cancelled while it sleeps (the log actor's own
+        # `events.poll_seconds`) has still read the replica's head.
         await self._store.refresh_replica()
+        await trio.sleep(self._seconds)
 
 
 def _lean_pool(dsn: str, *, min_size: int, max_size: int) -> LeanPool:
@@ -1300,6 +1322,7 @@ async def open_pg_store(
             yield PgStore(pool)
         else:
             store = RoutedPgStore(pool, PgStore(replica_pool), poll_seconds=read_poll_seconds)
+            await store.log_head()  # what the replica must have replayed before it answers
             await store.refresh_replica()
             yield store
     finally:

@@ -19,8 +19,10 @@ prefix covers everything the read must reflect:
   always read from the primary.
 
 Otherwise the read goes to the primary, which has every committed change. A replica that fails
-(connection lost, statement cancelled by a recovery conflict) is skipped for the call, and one
-that cannot be reached is left alone for `RETRY_SECONDS`; reads then fall back to the primary.
+(connection lost, no answer within `REPLICA_DEADLINE_SECONDS`, statement cancelled by a recovery
+conflict) is skipped for the call and the rest of the request, and one that cannot be reached
+or does not answer is left alone for `RETRY_SECONDS`; reads then fall back to the primary.
+`seen` starts at the primary's log head when the process starts (where its log actor starts).
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ READ_FLOOR: ContextVar[int | None] = ContextVar("registry_read_floor", default=N
 
 MIN_SEQUENCE_HEADER = "Registry-Min-Sequence"
 RETRY_SECONDS = 5.0  # how long an unreachable replica is left alone before it is tried again
+# A replica read (a key lookup) slower than this is answered by the primary, and the replica is
+# left alone a while: a replica that hangs must not hold GETs for the statement timeout (30 s).
+REPLICA_DEADLINE_SECONDS = 2.0
 MAX_FLOOR = 2**63 - 1
 
 

@@ -412,3 +412,28 @@ async def same_error(replay: Any, first: Any) -> bool:
     return {k: v for k, v in a.items() if k != "requestId"} == {
         k: v for k, v in b.items() if k != "requestId"
     }
+
+
+async def test_a_write_names_the_position_it_took_and_its_replay_the_same(
+    harness: Harness,
+) -> None:
+    """`Registry-Sequence` (docs/replicas.md): what a client sends back as
+    `Registry-Min-Sequence` to read its write through another process."""
+    key = SigningKey.generate()
+    token = await sign_in(harness.client, key)
+    entry = signed_entry(key)
+    headers = bearer(token, **key_header())
+    r = await harness.client.post("/v1/entries", json=entry, headers=headers)
+    assert r.status_code == 201
+    sequence = (await r.get_json())["sequence"]
+    assert r.headers["Registry-Sequence"] == str(sequence)
+    again = await harness.client.post("/v1/entries", json=entry, headers=headers)
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert again.headers["Registry-Sequence"] == str(sequence)
+    r = await harness.client.get(
+        f"/v1/entries/{entry['entryDid']}", headers={"Registry-Min-Sequence": str(sequence)}
+    )
+    assert r.status_code == 200  # no replica: every read has every committed change
+    r = await harness.client.post("/v1/entries", json=entry, headers=bearer(token, **key_header()))
+    await error_of(r, 409, "entry_exists")
+    assert "Registry-Sequence" not in r.headers  # a refusal took no position
