@@ -12,7 +12,10 @@
 --   4. the outcome, a result text or a refusal (domain data, never an HTTP status), is recorded
 --      under the Idempotency-Key in the same transaction; a handler's `Retry` refusal is not
 --      recorded (the use-case decides again against the new state).
--- The log head row is locked for the whole batch, so commit order is sequence order (gap-free).
+-- The log head row is locked from the first handler to the commit, so commit order is sequence
+-- order (gap-free). What does not depend on a position is done before it is locked: the JSON
+-- of the batch is parsed (an argument), and each entry version is staged (stage_entry_version:
+-- its document's halves and searchable projection, the full-text vector included).
 -- One NOTIFY per batch wakes the log readers of every process; the log itself is the truth.
 --
 -- A handler is `FUNCTION apply_x(p_seq bigint, p_subject text, p_rows jsonb)
@@ -22,7 +25,14 @@
 CREATE OR REPLACE FUNCTION append_changes(p_changes jsonb, p_window_ms bigint)
 RETURNS TABLE (idx integer, seq bigint, result text, refusal jsonb, replayed boolean,
                fingerprint bytea)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+-- Plans cached per session (the pool's sessions force custom plans, for discovery): planning
+-- every statement of the batch and its handlers on every call was a third of the backend's CPU
+-- per append (bench/append_cpu.py). Every statement here reads by a key, so a plan made while
+-- a table is still empty must not be a scan that stays cached as the table grows.
+SET plan_cache_mode = auto
+SET enable_seqscan = off
+AS $$
 DECLARE
     v_head    bigint;
     v_start   bigint;
@@ -32,7 +42,17 @@ DECLARE
     r         record;
     h         record;
     v_fp      bytea;
+    v_staged  entry_staged[] := '{}';
 BEGIN
+    -- Outside the critical section: what each change derives without its position.
+    FOR c IN SELECT value FROM jsonb_array_elements(p_changes) LOOP
+        i := i + 1;
+        IF c ->> 'handler' = 'apply_entry_version' THEN
+            v_staged[i] := stage_entry_version(c -> 'rows');
+        END IF;
+    END LOOP;
+    i := 0;
+    -- The critical section: from here to the commit, one batch at a time.
     UPDATE log_head SET seq = log_head.seq WHERE id = 1 RETURNING log_head.seq INTO v_head;
     v_start := v_head;
     FOR c IN SELECT value FROM jsonb_array_elements(p_changes) LOOP
@@ -62,7 +82,8 @@ BEGIN
                   FROM apply_anchor_settle(v_head + 1, c ->> 'subject', c -> 'rows') AS x;
             WHEN 'apply_entry_version' THEN
                 SELECT x.result, x.refusal INTO h
-                  FROM apply_entry_version(v_head + 1, c ->> 'subject', c -> 'rows') AS x;
+                  FROM apply_entry_version(v_head + 1, c ->> 'subject', c -> 'rows',
+                                           v_staged[i]) AS x;
             WHEN 'apply_peer_sync' THEN
                 SELECT x.result, x.refusal INTO h
                   FROM apply_peer_sync(v_head + 1, c ->> 'subject', c -> 'rows') AS x;

@@ -2,7 +2,10 @@
 -- rows: {expectedHead, publisherDid, entryType, lifecycle, prefix, suffix, anchor?}; the served
 -- document is prefix ‖ sequence ‖ suffix. The version records its anchor intent in the same
 -- transaction (rows.anchor: {operation, itemDataHash}; intent id `ai_<sequence>`).
-CREATE OR REPLACE FUNCTION apply_entry_version(p_seq bigint, p_did text, p_rows jsonb)
+-- p_staged: what stage_entry_version derived from the rows before the log head was locked
+-- (append_changes); without it (a nested call) the handler derives it itself.
+CREATE OR REPLACE FUNCTION apply_entry_version(p_seq bigint, p_did text, p_rows jsonb,
+                                               p_staged entry_staged DEFAULT NULL)
 RETURNS TABLE (result text, refusal jsonb)
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -12,7 +15,7 @@ DECLARE
     v_lifecycle text := p_rows ->> 'lifecycle';
     v_head      bigint;
     v_doc       text;
-    p           record;
+    p           entry_staged := p_staged;
 BEGIN
     SELECT e.head_seq INTO v_head FROM entries e WHERE e.entry_did = p_did;
     IF v_expected IS NULL AND FOUND THEN
@@ -32,12 +35,14 @@ BEGIN
             'details', jsonb_build_object('latestSequence', v_head));
         RETURN;
     END IF;
-    v_doc := (p_rows ->> 'prefix') || p_seq::text || (p_rows ->> 'suffix');
+    IF p.prefix IS NULL THEN
+        p := stage_entry_version(p_rows);
+    END IF;
+    v_doc := p.prefix || p_seq::text || p.suffix;
     IF v_lifecycle = 'deleted' THEN
         UPDATE entries e SET head_seq = p_seq, lifecycle = v_lifecycle, updated_at = now()
          WHERE e.entry_did = p_did;
     ELSE
-        SELECT * INTO p FROM entry_projection(v_doc);
         IF v_expected IS NULL THEN
             INSERT INTO entries (entry_did, head_seq, created_seq, publisher_did, entry_type,
                                  lifecycle, name, description, version, tags, service_types,
