@@ -14,6 +14,7 @@ DECLARE
     v_type      text := p_rows ->> 'entryType';
     v_lifecycle text := p_rows ->> 'lifecycle';
     v_head      bigint;
+    v_origin    text;
     v_doc       text;
     p           entry_staged := p_staged;
 BEGIN
@@ -23,6 +24,18 @@ BEGIN
             'code', 'entry_exists', 'message', 'an entry with this DID exists or existed',
             'details', jsonb_build_object('entryDid', p_did));
         RETURN;
+    ELSIF v_expected IS NULL THEN
+        -- One name, one entry: a DID held as another registry's replica is its origin's to
+        -- write (checked here, under the log head, so no import can slip in between).
+        SELECT r.origin_did INTO v_origin FROM replica_versions r WHERE r.entry_did = p_did
+         ORDER BY r.synced_seq DESC, r.origin_seq DESC LIMIT 1;
+        IF FOUND THEN
+            RETURN QUERY SELECT NULL::text, jsonb_build_object('kind', 'Conflict',
+                'code', 'entry_is_replica', 'message',
+                'this DID is another registry''s entry (a replica here); write it at its origin',
+                'details', jsonb_build_object('entryDid', p_did, 'origin', v_origin));
+            RETURN;
+        END IF;
     ELSIF v_expected IS NOT NULL AND NOT FOUND THEN
         RETURN QUERY SELECT NULL::text, jsonb_build_object('kind', 'NotFound',
             'code', 'entry_not_found', 'message', 'entry not found',

@@ -264,6 +264,19 @@ def _apply_entry_version(
             "an entry with this DID exists or existed",
             {"entryDid": did},
         )
+    if expected is None and entry is None:
+        held = [
+            (r.synced_seq, seq, o)
+            for (o, seq), r in tx.tables.replicas.items()
+            if r.entry_did == did
+        ]
+        if held:
+            return None, Refusal(
+                "Conflict",
+                "entry_is_replica",
+                "this DID is another registry's entry (a replica here); write it at its origin",
+                {"entryDid": did, "origin": max(held)[2]},
+            )
     if expected is not None and entry is None:
         return None, Refusal("NotFound", "entry_not_found", "entry not found", {"entryDid": did})
     if entry is not None and entry.head_seq != expected:

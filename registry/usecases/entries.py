@@ -100,7 +100,8 @@ class Entries:
                     code="entry_invalid",
                     details={"field": "lifecycleStatus"},
                 )
-            await self._refuse_replica(entry.did)
+            # A DID held as another registry's replica is refused by the append path
+            # (`entry_is_replica`, under the log head: no import slips in between).
             change = self.version_change("entry.created", entry, expected_head=None)
             return Decided(change, entry.did)
 
