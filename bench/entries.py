@@ -282,10 +282,15 @@ def stop_server(server: Server, timeout: float = 20.0) -> None:
 
 
 def db_admin(server_url: str, *statements: str) -> None:
+    db_admin_url(f"{server_url}/postgres", *statements)
+
+
+def db_admin_url(url: str, *statements: str) -> None:
+    """Run `statements` on the database at `url` (a full DSN, e.g. a Unix socket's)."""
     import asyncpg
 
     async def run() -> None:
-        conn = await asyncpg.connect(f"{server_url}/postgres", timeout=10)
+        conn = await asyncpg.connect(url, timeout=10)
         try:
             for statement in statements:
                 await conn.execute(statement)

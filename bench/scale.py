@@ -194,8 +194,14 @@ class Run:
         ceiling = next(r.m for r in self.rows if r.procs == n and r.m.endpoint == "bare")
         bench.pg_pids = lambda: cluster_pids(primary.cluster_dir)
         bench.replica_pids = lambda: cluster_pids(standby.cluster_dir)
-        for setup, reads in ((f"{n}p embedded", ""), (f"{n}p +replica", read_url)):
-            with self.processes("registry", n, self.registry(url, reads)) as servers:
+        for setup, replica in ((f"{n}p embedded", False), (f"{n}p +replica", True)):
+            # A fresh database on the pair for each setup, as for the rows above: the first
+            # setup's creates leave the anchoring and the checkpointer work the next would do.
+            db = f"scale_{secrets.token_hex(4)}"
+            be.db_admin_url(url, f'CREATE DATABASE "{db}"')
+            on = url.replace("/registry?", f"/{db}?")
+            reads = read_url.replace("/registry?", f"/{db}?") if replica else ""
+            with self.processes("registry", n, self.registry(on, reads)) as servers:
                 for m in self.measure_rows(setup, n, servers, ceiling.result.rps):
                     self.rows.append(Row(setup, n, m))
 
