@@ -132,7 +132,10 @@ class Caches:
             log.warning("full-text check of a change failed; its pages are dropped", exc_info=True)
         finally:
             if not decided:  # also when cancelled: no await here
-                self.results.entry_changed([facts_of(v) for v in versions])
+                if len(self.results):
+                    self.results.entry_changed([facts_of(v) for v in versions])
+                else:  # no page to match the versions against; fills in flight are stale
+                    self.results.touch()
 
 
 def _changes_what_the_entry_serves(kind: str) -> bool:
