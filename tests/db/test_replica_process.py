@@ -105,7 +105,13 @@ async def test_reads_come_from_the_replica_and_stay_consistent(
     x, y, z = (f"did:web:replica.test:{tag}:{n}" for n in "xyz")
     with (
         run_server(tmp_path / "a", database_url=primary_url, extra_env=env) as a,
-        run_server(tmp_path / "b", database_url=primary_url, extra_env=env) as b,
+        # B only reads: it must not be the checkpointer, whose look at the primary's log head
+        # every second counts as seen (then B's reads would go to the primary by design).
+        run_server(
+            tmp_path / "b",
+            database_url=primary_url,
+            extra_env={**env, "REGISTRY_TRANSPARENCY__ENABLED": "false"},
+        ) as b,
         RegistryClient(a.url) as writer,
         RegistryClient(b.url) as other,
     ):
@@ -134,6 +140,10 @@ async def test_reads_come_from_the_replica_and_stay_consistent(
                 # B's reads come from the paused replica: y is not there yet ...
                 assert status(b, y) == 404
                 assert reads(b, "replica") > from_replica
+                # What the RegistryReplicaBehind alert reads (deploy/registry-alerts.yml).
+                metrics = httpx.get(f"{b.url}/metrics", timeout=10).text
+                assert f"registry_replica_replayed_sequence {float(x_seq)}" in metrics
+                assert "registry_replica_lag_records 0.0" in metrics
                 # ... unless the client names the sequence it got: then the primary answers.
                 assert status(b, y, {"Registry-Min-Sequence": str(sequence)}) == 200
                 assert status(b, y, {"Registry-Min-Sequence": "-1"}) == 400
