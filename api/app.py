@@ -66,15 +66,13 @@ def create_app(dependencies: Deps) -> QuartTrio:
         # A GET may be answered by the read replica once it has replayed the client's floor
         # (registry/store/routing.py); any other method's reads decide a write: the primary.
         # Set on every request, as a connection's requests may share a task.
-        floor: int | None = None
+        READ_FLOOR.set(None)
         if request.method in ("GET", "HEAD"):
             value = request.headers.get(MIN_SEQUENCE_HEADER)
             try:
-                floor = 0 if value is None else parse_floor(value.strip())
+                READ_FLOOR.set(0 if value is None else parse_floor(value.strip()))
             except ValueError as exc:
-                READ_FLOOR.set(None)
                 raise Invalid(str(exc), code="invalid_min_sequence") from None
-        READ_FLOOR.set(floor)
 
     @app.errorhandler(HTTPException)
     async def http_error(exc: HTTPException) -> Response:

@@ -1137,17 +1137,15 @@ class Notifications:
 
 
 def _from_replica(
-    method: Callable[P, Coroutine[Any, Any, T]], *, log: bool = False
+    method: Callable[P, Coroutine[Any, Any, T]],
 ) -> Callable[P, Coroutine[Any, Any, T]]:
-    """`PgStore.method`, answered by the replica when `routing` allows it. The log's reads
-    (`log`) may always lag (events follow the replica); the others only in a task that set
+    """`PgStore.method`, answered by the replica when `routing` allows it: in a task that set
     `READ_FLOOR` (a GET)."""
 
     async def call(*args: P.args, **kwargs: P.kwargs) -> T:
         store = args[0]
         assert isinstance(store, RoutedPgStore)
-        floor = READ_FLOOR.get()
-        return await store.read(method, 0 if log and floor is None else floor, args, kwargs)
+        return await store.read(method, READ_FLOOR.get(), args, kwargs)
 
     call.__name__ = method.__name__
     call.__doc__ = method.__doc__
@@ -1254,7 +1252,11 @@ class RoutedPgStore(PgStore):
     replica_version = _from_replica(PgStore.replica_version)
 
     async def log_after(self, after_seq: int, limit: int) -> list[LogRecord]:
-        records = await _from_replica(PgStore.log_after, log=True)(self, after_seq, limit)
+        # The log may always lag (events follow the replica), in any task.
+        floor = READ_FLOOR.get()
+        records = await self.read(
+            PgStore.log_after, 0 if floor is None else floor, (self, after_seq, limit), {}
+        )
         if records:
             self.replica_state.saw(records[-1].seq)
         return records
