@@ -199,7 +199,8 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def pinned(core: int | None, cmd: list[str]) -> list[str]:
+def pinned(core: int | str | None, cmd: list[str]) -> list[str]:
+    """`cmd` under taskset: `core` is one core or a taskset list ("12-15"); None: unpinned."""
     if core is None or shutil.which("taskset") is None:
         return cmd
     return ["taskset", "-c", str(core), *cmd]
@@ -494,7 +495,7 @@ class Load:
     ports: list[int]
     threads: int
     connections: int
-    core: int | None  # wrk's core, None: unpinned
+    core: int | str | None  # wrk's core or cores ("12-15"), None: unpinned
 
 
 def run_wrk(

@@ -7,7 +7,8 @@ fresh database of the PostgreSQL server at --postgres:
   * get_entry and create_entry across N `registry serve` processes (one database);
 with bench/entries.py's machinery (wrk + bench/lua/entries.lua, pre-signed creates with their
 own Idempotency-Keys, CPU from /proc). Servers are pinned to cores 0..N-1 (taskset); wrk to the
-cores left, or unpinned when the servers take them all. PostgreSQL is never pinned.
+last four cores the servers leave (on 2 cores, the one left), or unpinned when the servers take
+them all. PostgreSQL is never pinned.
 
 Then the replica rows (unless --no-replica): the test's own primary and a hot standby copied
 from it (`EmbeddedPostgres.start(replica_of=...)`, Unix sockets, fsync on), the largest N
@@ -84,9 +85,14 @@ class Run:
     def log(self, message: str) -> None:
         be.log(message)
 
-    def wrk_core(self, n: int) -> int | None:
-        """wrk's core: the first one the servers leave free (None: unpinned)."""
-        return n if n < self.cores else None
+    def wrk_core(self, n: int) -> int | str | None:
+        """wrk's cores: on a machine with cores to spare, the last four (at most) of those the
+        servers leave free, the rest staying to PostgreSQL; on 2 cores the one left; None
+        (unpinned) when the servers take them all."""
+        if n >= self.cores:
+            return None
+        first = max(n, self.cores - 4) if self.cores - n > 2 else n
+        return str(first) if first == self.cores - 1 else f"{first}-{self.cores - 1}"
 
     @contextmanager
     def processes(
