@@ -177,6 +177,12 @@ def _pool(s: Sources) -> Iterable[Metric]:
         "Callers waiting for a database connection",
         stats["waiting"],
     )
+    yield _gauge(
+        "registry_db_connections_held_back",
+        "Pool slots held back because PostgreSQL refused more connections (max_connections"
+        " reached); the pool serves with those it has",
+        stats["held_back"],
+    )
 
 
 def _replica(s: Sources) -> Iterable[Metric]:

@@ -10,6 +10,12 @@ A connection goes back to the pool only when the work ended normally or with a s
 the server reported (severity ERROR: asyncpg's protocol is idle again) and no transaction is left
 open. A FATAL error (the server is ending the session), cancellation, timeouts and connection
 errors close it, since a command may still be in flight.
+A server that refuses a new connection because it is full (53300, too many connections: other
+processes on the same PostgreSQL hold its `max_connections`) does not fail the caller while this
+pool holds connections of its own: the caller waits for one of them, and the refused slot is held
+back, then tried again at most once every `REGROW_SECONDS` (the pool never grows past what the
+server admits, and grows back when room appears). With no connection of its own, the refusal is
+the caller's error (503).
 No asyncio timer is ever armed (see `_connect`). Sessions carry no state between uses: settings
 are fixed at connect time (`server_settings`), no advisory locks are taken on pooled
 connections, and `listen` unlistens before giving one back.
@@ -18,12 +24,15 @@ connections, and `listen` unlistens before giving one back.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import asyncpg
+
+REGROW_SECONDS = 5.0  # how often a slot held back after a full server's refusal is tried again
 
 
 class LeanPool:
@@ -40,6 +49,8 @@ class LeanPool:
         self._slots = asyncio.Semaphore(max_size)
         self._closed = False
         self._waiting = 0  # callers of `take` waiting for a slot
+        self._held_back = 0  # slots kept from callers since the server refused their connection
+        self._held_back_at = 0.0  # when a slot was last held back or tried again
 
     async def open(self) -> LeanPool:
         try:
@@ -67,23 +78,47 @@ class LeanPool:
 
     async def take(self) -> asyncpg.Connection:
         """A connection for the caller alone until `give_back` (or `discard`)."""
-        if self._closed:
-            raise asyncpg.InterfaceError("the pool is closed")
-        self._waiting += 1
+        while True:
+            if self._closed:
+                raise asyncpg.InterfaceError("the pool is closed")
+            self._waiting += 1
+            try:
+                await self._slots.acquire()
+            finally:
+                self._waiting -= 1
+            try:
+                conn = await self._idle_or_new()
+            except BaseException:
+                self._slots.release()
+                raise
+            if conn is not None:
+                return conn
+            # The server is full and this pool holds connections: the slot stays held back,
+            # and the caller waits for one of this pool's connections to come back.
+
+    async def _idle_or_new(self) -> asyncpg.Connection | None:
+        """An idle connection, else a new one; None when the server refused it for being full
+        while this pool has connections of its own (the caller's slot is then held back)."""
+        while self._idle:
+            conn = self._idle.pop()
+            if not conn.is_closed():
+                return conn
+            self._all.discard(conn)
         try:
-            await self._slots.acquire()
-        finally:
-            self._waiting -= 1
-        try:
-            while self._idle:
-                conn = self._idle.pop()
-                if not conn.is_closed():
-                    return conn
-                self._all.discard(conn)
             return await self._connect()
-        except BaseException:
+        except asyncpg.TooManyConnectionsError:
+            if not self._all:
+                raise
+            self._held_back += 1
+            self._held_back_at = time.monotonic()
+            return None
+
+    def _free_slot(self) -> None:
+        self._slots.release()
+        if self._held_back and time.monotonic() - self._held_back_at >= REGROW_SECONDS:
+            self._held_back -= 1  # try once more to open it: the server may have room now
+            self._held_back_at = time.monotonic()
             self._slots.release()
-            raise
 
     def statistics(self) -> dict[str, int]:
         """Connections open, in use (taken, not given back) and callers waiting for one."""
@@ -91,6 +126,7 @@ class LeanPool:
             "open": len(self._all),
             "in_use": len(self._all) - len(self._idle),
             "waiting": self._waiting,
+            "held_back": self._held_back,
         }
 
     def give_back(self, conn: asyncpg.Connection) -> None:
@@ -98,14 +134,14 @@ class LeanPool:
             self.discard(conn)
             return
         self._idle.append(conn)
-        self._slots.release()
+        self._free_slot()
 
     def discard(self, conn: asyncpg.Connection) -> None:
         """Close a connection whose state is unknown (no await: safe while cancelled)."""
         self._all.discard(conn)
         if not conn.is_closed():
             conn.terminate()
-        self._slots.release()
+        self._free_slot()
 
     @asynccontextmanager
     async def acquire(self) -> AsyncIterator[asyncpg.Connection]:

@@ -136,6 +136,7 @@ async def test_a_workload_shows_in_the_metrics_and_the_access_log(
         assert value("registry_cache_live") == 1
         assert ("registry_cache_hits_total", (("cache", "sessions"),)) in got
         assert value("registry_db_connections_open") >= 1
+        assert value("registry_db_connections_held_back") == 0  # a server with room
         assert value("process_resident_memory_bytes") > 0
         assert value("registry_anchoring_leader") in (0, 1)
         assert value("registry_event_socket_closes_total", code="4401") == 1

@@ -3,15 +3,18 @@ closed after cancellation or a lost connection, and the pool never loses a slot.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
 import trio
 import trio_asyncio
 
+from registry.store import pool as pool_module
 from registry.store.pg import SESSION_SETTINGS
 from registry.store.pool import LeanPool
 
@@ -106,3 +109,84 @@ async def test_more_callers_than_connections_wait_their_turn(database_url: str) 
                     nursery.start_soon(one)
         assert len(pids) == 8
         assert len(set(pids)) <= 2  # never more than max_size connections
+
+
+async def test_a_full_server_leaves_callers_waiting_for_the_pools_own_connections(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PostgreSQL refusing more connections (53300: here a role's CONNECTION LIMIT, in
+    production max_connections shared by several processes) is not the callers' error while the
+    pool holds connections: they take turns on those, and the pool never exceeds what the
+    server admits; it grows back when the server has room again. With none of its own, the
+    refusal is the caller's."""
+    role = f"pool_limit_{secrets.token_hex(4)}"
+    await _admin(
+        database_url,
+        f"CREATE ROLE {role} LOGIN CONNECTION LIMIT 2",
+        f"GRANT ALL ON SCHEMA public TO {role}",
+    )
+    try:
+        limited = _with_user(database_url, role)
+        async with lean_pool(limited, size=6) as pool:
+            pids: list[int] = []
+
+            async def one() -> None:
+                sql = "SELECT pg_backend_pid() FROM pg_sleep(0.05)"
+                pids.append(int(await aio(pool.fetchval)(sql)))
+
+            with trio.fail_after(30):
+                async with trio.open_nursery() as nursery:
+                    for _ in range(12):
+                        nursery.start_soon(one)
+            assert len(pids) == 12  # every caller answered, none refused
+            assert len(set(pids)) <= 2
+            stats = pool.statistics()
+            assert stats["open"] == 2
+            assert stats["held_back"] >= 1
+            assert stats["open"] + stats["held_back"] <= 6
+            # Room appears: held-back slots are tried again (every REGROW_SECONDS; 0 here).
+            await _admin(database_url, f"ALTER ROLE {role} CONNECTION LIMIT 4")
+            monkeypatch.setattr(pool_module, "REGROW_SECONDS", 0.0)
+            pids.clear()
+            with trio.fail_after(30):
+                async with trio.open_nursery() as nursery:
+                    for _ in range(24):
+                        nursery.start_soon(one)
+            assert len(pids) == 24
+            assert 2 < pool.statistics()["open"] <= 4
+            # A pool that holds nothing, against a server with no room: the caller's error.
+            hold = [await aio(pool.take)(), await aio(pool.take)()]
+            try:
+                empty = LeanPool(
+                    limited, min_size=0, max_size=1, server_settings=dict(SESSION_SETTINGS)
+                )
+                with pytest.raises(asyncpg.TooManyConnectionsError):
+                    await aio(empty.fetchval)("SELECT 1")
+                assert empty.statistics()["open"] == 0
+                await aio(empty.close)()
+            finally:
+                for conn in hold:
+                    pool.give_back(conn)
+    finally:
+        await _admin(
+            database_url,
+            f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{role}'",
+            f"DROP OWNED BY {role}",
+            f"DROP ROLE {role}",
+        )
+
+
+async def _admin(url: str, *statements: str) -> None:
+    async with trio_asyncio.open_loop():
+        conn = await aio(asyncpg.connect)(url)
+        try:
+            for sql in statements:
+                await aio(conn.execute)(sql)
+        finally:
+            await aio(conn.close)()
+
+
+def _with_user(url: str, user: str) -> str:
+    parts = urlsplit(url)
+    netloc = f"{user}@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
