@@ -53,7 +53,7 @@ BEGIN
     END LOOP;
     i := 0;
     -- The critical section: from here to the commit, one batch at a time.
-    UPDATE log_head SET seq = log_head.seq WHERE id = 1 RETURNING log_head.seq INTO v_head;
+    SELECT log_head.seq INTO v_head FROM log_head WHERE id = 1 FOR UPDATE;
     v_start := v_head;
     FOR c IN SELECT value FROM jsonb_array_elements(p_changes) LOOP
         i := i + 1;

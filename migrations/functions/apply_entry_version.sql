@@ -80,6 +80,8 @@ BEGIN
         INSERT INTO anchor_intents (intent_id, entry_did, sequence, operation, item_data_hash)
         VALUES ('ai_' || p_seq, p_did, p_seq, p_rows #>> '{anchor,operation}',
                 p_rows #>> '{anchor,itemDataHash}');
+        INSERT INTO anchor_queue (sequence, intent_id, available_at)
+        VALUES (p_seq, 'ai_' || p_seq, now());
     END IF;
     RETURN QUERY SELECT v_doc, NULL::jsonb;
 END $$;
