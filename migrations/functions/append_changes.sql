@@ -14,8 +14,9 @@
 --      recorded (the use-case decides again against the new state).
 -- The log head row is locked from the first handler to the commit, so commit order is sequence
 -- order (gap-free). What does not depend on a position is done before it is locked: the JSON
--- of the batch is parsed (an argument), and each entry version is staged (stage_entry_version:
--- its document's halves and searchable projection, the full-text vector included).
+-- of the batch is parsed (an argument), each entry version is staged (stage_entry_version:
+-- its document's halves and searchable projection, the full-text vector included), and each
+-- create's searchable row is inserted (insert_entry_search: entry_search and its indexes).
 -- One NOTIFY per batch wakes the log readers of every process; the log itself is the truth.
 --
 -- A handler is `FUNCTION apply_x(p_seq bigint, p_subject text, p_rows jsonb)
@@ -43,6 +44,8 @@ DECLARE
     h         record;
     v_fp      bytea;
     v_staged  entry_staged[] := '{}';
+    s         entry_staged;
+    j         integer;
 BEGIN
     -- Outside the critical section: what each change derives without its position.
     FOR c IN SELECT value FROM jsonb_array_elements(p_changes) LOOP
@@ -50,6 +53,18 @@ BEGIN
         IF c ->> 'handler' = 'apply_entry_version' THEN
             v_staged[i] := stage_entry_version(c -> 'rows');
         END IF;
+    END LOOP;
+    -- Each create's searchable row (entry_search and its eleven indexes), in DID order: two
+    -- batches creating the same DIDs wait for one another in one order, never in a cycle, and
+    -- never while holding the log head. A change that is then not applied deletes its row.
+    FOR j IN SELECT t.n FROM jsonb_array_elements(p_changes) WITH ORDINALITY AS t(c, n)
+              WHERE t.c ->> 'handler' = 'apply_entry_version'
+                AND t.c #>> '{rows,expectedHead}' IS NULL
+                AND t.c #>> '{rows,lifecycle}' <> 'deleted'
+              ORDER BY t.c ->> 'subject' COLLATE "C", t.n LOOP
+        s := v_staged[j];
+        s.inserted := insert_entry_search(p_changes -> (j - 1) ->> 'subject', s);
+        v_staged[j] := s;
     END LOOP;
     i := 0;
     -- The critical section: from here to the commit, one batch at a time.
@@ -64,6 +79,9 @@ BEGIN
                AND x.key = c #>> '{idem,key}'
                AND x.created_at > now() - p_window_ms * interval '1 millisecond';
             IF FOUND THEN
+                IF (v_staged[i]).inserted THEN
+                    DELETE FROM entry_search x WHERE x.entry_did = c ->> 'subject';
+                END IF;
                 RETURN QUERY SELECT i, r.sequence, r.result, r.refusal, true, r.fingerprint;
                 CONTINUE;
             END IF;
@@ -97,6 +115,9 @@ BEGIN
                 RAISE EXCEPTION 'append_changes: no handler %', c ->> 'handler';
         END CASE;
         v_seq := NULL;
+        IF h.refusal IS NOT NULL AND (v_staged[i]).inserted THEN
+            DELETE FROM entry_search x WHERE x.entry_did = c ->> 'subject';
+        END IF;
         IF h.refusal IS NULL THEN
             v_head := v_head + 1;
             v_seq := v_head;

@@ -3,7 +3,9 @@
 -- document is prefix ‖ sequence ‖ suffix. The version records its anchor intent in the same
 -- transaction (rows.anchor: {operation, itemDataHash}; intent id `ai_<sequence>`).
 -- p_staged: what stage_entry_version derived from the rows before the log head was locked
--- (append_changes); without it (a nested call) the handler derives it itself.
+-- (append_changes), with a create's entry_search row already inserted (p_staged.inserted);
+-- without it (a nested call) the handler derives it itself. The position-free searchable
+-- projection is entry_search's (migration 0021); entries holds the head.
 CREATE OR REPLACE FUNCTION apply_entry_version(p_seq bigint, p_did text, p_rows jsonb,
                                                p_staged entry_staged DEFAULT NULL)
 RETURNS TABLE (result text, refusal jsonb)
@@ -53,26 +55,27 @@ BEGIN
     END IF;
     v_doc := p.prefix || p_seq::text || p.suffix;
     IF v_lifecycle = 'deleted' THEN
-        UPDATE entries e SET head_seq = p_seq, lifecycle = v_lifecycle, updated_at = now()
-         WHERE e.entry_did = p_did;
-    ELSE
-        IF v_expected IS NULL THEN
-            INSERT INTO entries (entry_did, head_seq, created_seq, publisher_did, entry_type,
-                                 lifecycle, name, description, version, tags, service_types,
-                                 relationships, custom_metadata, published_at, updated_at,
-                                 search)
-            VALUES (p_did, p_seq, p_seq, v_publisher, v_type, v_lifecycle, p.name,
-                    p.description, p.version, p.tags, p.service_types, p.relationships,
-                    p.custom_metadata, p.published_at, p.updated_at, p.search);
-        ELSE
-            UPDATE entries e SET head_seq = p_seq, publisher_did = v_publisher,
-                   entry_type = v_type, lifecycle = v_lifecycle, name = p.name,
-                   description = p.description, version = p.version, tags = p.tags,
-                   service_types = p.service_types, relationships = p.relationships,
-                   custom_metadata = p.custom_metadata, published_at = p.published_at,
-                   updated_at = p.updated_at, search = p.search
-             WHERE e.entry_did = p_did;
+        -- A tombstone keeps the searchable row it had (discovery never lists it).
+        UPDATE entries e SET head_seq = p_seq, lifecycle = v_lifecycle WHERE e.entry_did = p_did;
+    ELSIF v_expected IS NULL THEN
+        INSERT INTO entries (entry_did, head_seq, created_seq, publisher_did, entry_type,
+                             lifecycle)
+        VALUES (p_did, p_seq, p_seq, v_publisher, v_type, v_lifecycle);
+        -- Its entry_search row was inserted when append_changes staged it, unless this is a
+        -- nested call, or a change before it in the batch staged the same DID and was not
+        -- applied (which deleted that row).
+        IF p.inserted IS NOT TRUE AND NOT insert_entry_search(p_did, p) THEN
+            RAISE EXCEPTION 'apply_entry_version: % has a searchable row but no entry', p_did;
         END IF;
+    ELSE
+        UPDATE entries e SET head_seq = p_seq, publisher_did = v_publisher,
+               entry_type = v_type, lifecycle = v_lifecycle
+         WHERE e.entry_did = p_did;
+        UPDATE entry_search s SET name = p.name, description = p.description,
+               version = p.version, tags = p.tags, service_types = p.service_types,
+               relationships = p.relationships, custom_metadata = p.custom_metadata,
+               published_at = p.published_at, updated_at = p.updated_at, search = p.search
+         WHERE s.entry_did = p_did;
     END IF;
     INSERT INTO entry_versions (seq, entry_did, publisher_did, lifecycle, doc)
     VALUES (p_seq, p_did, v_publisher, v_lifecycle, v_doc);

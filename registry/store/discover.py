@@ -168,6 +168,10 @@ def _contains(expr: Contains, p: _Params) -> str:
 
 
 COUNT_CAP = 1000  # totalCount is exact up to this many matches
+# What discovery reads: each entry's head (entries: position, publisher, type, lifecycle) and
+# the searchable projection of its head version (entry_search, migration 0021). Every column
+# name is in one of the two, so the filters and orderings name them unqualified.
+SOURCE = "entries JOIN entry_search USING (entry_did)"
 
 
 @dataclass(frozen=True)
@@ -263,17 +267,17 @@ def compile_discover(query: RegistryQuery, *, limit: int, after: list[Any] | Non
     if query.offset and after is None:
         window += f" OFFSET {p.bind(query.offset)}"
     columns = f"entry_did, head_seq, {selected}"
-    page_sql = f"SELECT {columns} FROM entries WHERE {' AND '.join(scan_where)}"
+    page_sql = f"SELECT {columns} FROM {SOURCE} WHERE {' AND '.join(scan_where)}"
     page_sql += f" ORDER BY {order_sql}{window}"
     page_params = list(p.values)  # page_sql uses these only
     if after is not None:
         few_where.append(_keyset([k.column(i) for i, k in enumerate(keys)], keys, after, p))
-    candidates = f"SELECT {columns} FROM entries WHERE {' AND '.join(where)} LIMIT {COUNT_CAP + 1}"
+    candidates = f"SELECT {columns} FROM {SOURCE} WHERE {' AND '.join(where)} LIMIT {COUNT_CAP + 1}"
     scan_where.append(f"t.total > {COUNT_CAP}")
     sql = (
         f"WITH m AS MATERIALIZED ({candidates}), t AS (SELECT count(*) AS total FROM m)"
         f" SELECT t.total, v.doc, p.* FROM t LEFT JOIN LATERAL ("
-        f"(SELECT {columns} FROM entries WHERE {' AND '.join(scan_where)}"
+        f"(SELECT {columns} FROM {SOURCE} WHERE {' AND '.join(scan_where)}"
         f" ORDER BY {order_sql}{window})"
         f" UNION ALL (SELECT * FROM m WHERE {' AND '.join(few_where)}"
         f" ORDER BY {order_sql}{window})"
@@ -283,7 +287,7 @@ def compile_discover(query: RegistryQuery, *, limit: int, after: list[Any] | Non
     count_params = _Params()
     count_where = _filters(query, count_params)
     count_sql = (
-        f"SELECT count(*) AS total FROM (SELECT 1 FROM entries"
+        f"SELECT count(*) AS total FROM (SELECT 1 FROM {SOURCE}"
         f" WHERE {' AND '.join(count_where)} LIMIT {count_params.bind(COUNT_CAP + 1)}) AS matches"
     )
     return Plan(

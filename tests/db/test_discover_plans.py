@@ -1,4 +1,5 @@
-"""At 100,000 entries, every indexed filter is answered without a sequential scan of entries.
+"""At 100,000 entries, every indexed filter is answered without a sequential scan of entries (nor
+of entry_search, which holds their searchable columns since migration 0021).
 
 The plans are PostgreSQL's own (`EXPLAIN`) for the exact statements the compiler produces, on a
 database seeded with realistic variety and analysed.
@@ -130,12 +131,16 @@ def _queries() -> dict[str, RegistryQuery]:
     return queries
 
 
+# Discovery reads entries joined with entry_search (migration 0021): neither may be scanned whole.
+_SEQ_SCANS = {("Seq Scan", "entries"), ("Seq Scan", "entry_search")}
+
+
 @pytest.mark.parametrize("shape", [*SHAPES, *REGISTRYQL])
 def test_indexed_filter_uses_no_sequential_scan(seeded_url: str, shape: str) -> None:
     plan = compile_discover(_queries()[shape], limit=20, after=None)
     for sql, params in ((plan.sql, plan.params), (plan.count_sql, plan.count_params)):
         scans = asyncio.run(_explain(seeded_url, sql, params))
-        assert ("Seq Scan", "entries") not in scans, f"{shape}: {scans}\n{sql}"
+        assert not _SEQ_SCANS & set(scans), f"{shape}: {scans}\n{sql}"
 
 
 @pytest.mark.parametrize("order", ["sequence", "publishedAt", "updatedAt", "name"])
@@ -143,7 +148,7 @@ def test_first_page_of_everything_reads_an_index_in_order(seeded_url: str, order
     query = parse_discover_request({"orderBy": order})
     plan = compile_discover(query, limit=20, after=None)
     scans = asyncio.run(_explain(seeded_url, plan.page_sql, plan.page_params))
-    assert ("Seq Scan", "entries") not in scans, f"{order}: {scans}"
+    assert not _SEQ_SCANS & set(scans), f"{order}: {scans}"
 
 
 async def test_total_count_is_exact_up_to_the_cap_then_flagged(
@@ -220,4 +225,4 @@ def test_the_page_statement_alone_explains_with_a_cursor(seeded_url: str, order:
     }[order]
     plan = compile_discover(query, limit=20, after=after)
     scans = asyncio.run(_explain(seeded_url, plan.page_sql, plan.page_params))
-    assert ("Seq Scan", "entries") not in scans, f"{order}: {scans}"
+    assert not _SEQ_SCANS & set(scans), f"{order}: {scans}"

@@ -25,7 +25,7 @@ from registry.discovery import parse_discover_request
 from registry.matching import facts_of, match_texts_in, may_match
 from registry.query import RegistryQuery
 from registry.registryql import parse_registryql
-from registry.store.discover import compile_discover
+from registry.store.discover import SOURCE, compile_discover
 from registry.store.migrate import _migrate, load_migrations
 from tests.conftest import LOCAL_ADMIN
 
@@ -136,9 +136,9 @@ def seeded(database_url: str) -> Iterator[tuple[str, dict[str, str]]]:
 async def _sql_matches(url: str, query: RegistryQuery) -> set[str]:
     """The DIDs the compiler's filter selects: its count statement, uncapped, listing DIDs."""
     plan = compile_discover(query, limit=20, after=None)
-    prefix = "SELECT count(*) AS total FROM (SELECT 1 FROM entries"
+    prefix = f"SELECT count(*) AS total FROM (SELECT 1 FROM {SOURCE}"
     assert plan.count_sql.startswith(prefix)
-    sql = "SELECT entry_did FROM (SELECT entry_did FROM entries" + plan.count_sql[len(prefix) :]
+    sql = f"SELECT entry_did FROM (SELECT entry_did FROM {SOURCE}" + plan.count_sql[len(prefix) :]
     conn = await asyncpg.connect(url)
     try:
         rows = await conn.fetch(sql, *plan.count_params[:-1], 10**9)

@@ -155,7 +155,7 @@ def test_upgrading_from_every_released_version_gives_the_schema_of_a_fresh_datab
         for part in expected:
             assert got[part] == expected[part], f"upgraded from version {k}: {part} differ"
         if k:
-            row = asyncio.run(_fetchrow(url, "SELECT name, tags FROM entries"))
+            row = asyncio.run(_fetchrow(url, "SELECT name, tags FROM entry_search"))
             assert (row["name"], row["tags"]) == ("Weather agent", ["weather"]), k
 
 
