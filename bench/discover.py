@@ -594,7 +594,7 @@ async def seed_database(url: str, count: int) -> tuple[str, dict[str, Any]]:
         await seed(conn, count)
         # autovacuum may be off (it is on the reference machine) and would otherwise run in the
         # middle of a measurement: vacuum now, as a table in service would have been.
-        await conn.execute("VACUUM (ANALYZE) entries, entry_versions")
+        await conn.execute("VACUUM (ANALYZE) entries, entry_search, entry_versions")
         did = await conn.fetchval(
             "SELECT entry_did FROM entries WHERE lifecycle = 'active'"
             " ORDER BY head_seq OFFSET $1 LIMIT 1",

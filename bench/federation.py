@@ -127,10 +127,12 @@ records AS (
       FROM docs
 ),
 searchable AS (
-    INSERT INTO entry_search (entry_did, name, description, version, tags, service_types,
-                              relationships, custom_metadata, published_at, updated_at, search)
-    SELECT d.did, p.name, p.description, p.version, p.tags, p.service_types, p.relationships,
-           p.custom_metadata, p.published_at, p.updated_at, p.search
+    INSERT INTO entry_search (entry_did, head_seq, publisher_did, entry_type, lifecycle, name,
+                              description, version, tags, service_types, relationships,
+                              custom_metadata, published_at, updated_at, search)
+    SELECT d.did, d.seq, d.publisher, d.entry_type, d.lifecycle, p.name, p.description,
+           p.version, p.tags, p.service_types, p.relationships, p.custom_metadata,
+           p.published_at, p.updated_at, p.search
       FROM docs AS d, LATERAL entry_projection(d.doc) AS p
 )
 INSERT INTO entries (entry_did, head_seq, created_seq, publisher_did, entry_type, lifecycle)

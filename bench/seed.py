@@ -91,12 +91,14 @@ async def seed(conn: asyncpg.Connection, count: int, *, batch: int = 5000, seed:
                 FROM docs
             ),
             searchable AS (
-                INSERT INTO entry_search (entry_did, name, description, version, tags,
+                INSERT INTO entry_search (entry_did, head_seq, publisher_did, entry_type,
+                                          lifecycle, name, description, version, tags,
                                           service_types, relationships, custom_metadata,
                                           published_at, updated_at, search)
-                SELECT d->>'entryDid', p.name, p.description, p.version, p.tags,
-                       p.service_types, p.relationships, p.custom_metadata, p.published_at,
-                       p.updated_at, p.search
+                SELECT d->>'entryDid', (d->>'sequence')::bigint, d->>'publisherDid',
+                       d->>'entryType', d->>'lifecycleStatus', p.name, p.description,
+                       p.version, p.tags, p.service_types, p.relationships, p.custom_metadata,
+                       p.published_at, p.updated_at, p.search
                 FROM docs, LATERAL entry_projection(t) AS p
             )
             INSERT INTO entries (entry_did, head_seq, created_seq, publisher_did, entry_type,

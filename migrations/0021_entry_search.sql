@@ -1,19 +1,25 @@
 -- The searchable projection leaves `entries` for a table of its own, written before the log
 -- head is locked (issue 21; docs/architecture.md, "The critical section").
 --
--- `entries` keeps what the position decides: the head and created sequences, the publisher,
--- the type and the lifecycle, with the orderings by sequence. `entry_search` holds the
--- projection of each entry's head version (entry_projection) and the indexes of every other
--- filter and ordering: seven GIN indexes (tags, service types, relationships, custom metadata,
--- the full-text vector, two trigram indexes) and four btrees. Inserting one entries row with
--- them all cost ~100 µs under the log head (pg_stat_statements, bench/append_cpu.py); a create
--- now inserts its entry_search row before the lock (append_changes), and under the lock only
--- the narrow entries row (~20 µs).
+-- `entries` keeps the head of each entry (sequences, publisher, type, lifecycle) with the
+-- orderings by sequence. `entry_search` is what discovery reads: the projection of each entry's
+-- head version (entry_projection), its publisher, type, lifecycle and head sequence, with the
+-- indexes of every filter and of the other orderings: seven GIN indexes (tags, service types,
+-- relationships, custom metadata, the full-text vector, two trigram indexes) and six btrees.
+-- Inserting one entries row with them all cost ~100 µs under the log head (pg_stat_statements,
+-- bench/append_cpu.py). A create now inserts its entry_search row before the lock
+-- (append_changes, with head_seq 0), and under the lock the narrow entries row and the
+-- row's head_seq, which no index of entry_search names: a heap-only (HOT) update, for which
+-- the table leaves a quarter of each page free.
 --
--- Every entries row has one entry_search row (a tombstone keeps the projection it had), and
--- discovery reads the two joined on entry_did (registry/store/discover.py).
+-- Every entries row has one entry_search row with the same head_seq, publisher, type and
+-- lifecycle (a tombstone keeps the projection it had).
 CREATE TABLE entry_search (
     entry_did       text        PRIMARY KEY,
+    head_seq        bigint      NOT NULL DEFAULT 0,
+    publisher_did   text        NOT NULL,
+    entry_type      text        NOT NULL,
+    lifecycle       text        NOT NULL,
     name            text        NOT NULL DEFAULT '',
     description     text        NOT NULL DEFAULT '',
     version         text        NOT NULL DEFAULT '',
@@ -24,11 +30,12 @@ CREATE TABLE entry_search (
     published_at    timestamptz NOT NULL DEFAULT now(),
     updated_at      timestamptz NOT NULL DEFAULT now(),
     search          tsvector    NOT NULL DEFAULT ''::tsvector
-);
-INSERT INTO entry_search (entry_did, name, description, version, tags, service_types,
-                          relationships, custom_metadata, published_at, updated_at, search)
-SELECT entry_did, name, description, version, tags, service_types, relationships,
-       custom_metadata, published_at, updated_at, search
+) WITH (fillfactor = 75);
+INSERT INTO entry_search (entry_did, head_seq, publisher_did, entry_type, lifecycle, name,
+                          description, version, tags, service_types, relationships,
+                          custom_metadata, published_at, updated_at, search)
+SELECT entry_did, head_seq, publisher_did, entry_type, lifecycle, name, description, version,
+       tags, service_types, relationships, custom_metadata, published_at, updated_at, search
   FROM entries ORDER BY entry_did;
 
 DROP INDEX entries_published, entries_updated, entries_name, entries_version, entries_tags,
@@ -43,6 +50,8 @@ CREATE INDEX entry_search_published ON entry_search (published_at, (entry_did CO
 CREATE INDEX entry_search_updated   ON entry_search (updated_at, (entry_did COLLATE "C"));
 CREATE INDEX entry_search_name      ON entry_search ((name COLLATE "C"), (entry_did COLLATE "C"));
 CREATE INDEX entry_search_version   ON entry_search (version);
+CREATE INDEX entry_search_publisher ON entry_search (publisher_did);
+CREATE INDEX entry_search_type      ON entry_search (entry_type);
 -- GIN pending lists bounded as in migration 0015.
 CREATE INDEX entry_search_tags ON entry_search USING gin (tags)
     WITH (gin_pending_list_limit = 64);

@@ -63,7 +63,8 @@ BEGIN
                 AND t.c #>> '{rows,lifecycle}' <> 'deleted'
               ORDER BY t.c ->> 'subject' COLLATE "C", t.n LOOP
         s := v_staged[j];
-        s.inserted := insert_entry_search(p_changes -> (j - 1) ->> 'subject', s);
+        s.inserted := insert_entry_search(p_changes -> (j - 1) ->> 'subject',
+                                          p_changes -> (j - 1) -> 'rows', s);
         v_staged[j] := s;
     END LOOP;
     i := 0;

@@ -55,8 +55,10 @@ BEGIN
     END IF;
     v_doc := p.prefix || p_seq::text || p.suffix;
     IF v_lifecycle = 'deleted' THEN
-        -- A tombstone keeps the searchable row it had (discovery never lists it).
+        -- A tombstone keeps the projection it had (discovery never lists it).
         UPDATE entries e SET head_seq = p_seq, lifecycle = v_lifecycle WHERE e.entry_did = p_did;
+        UPDATE entry_search s SET head_seq = p_seq, lifecycle = v_lifecycle
+         WHERE s.entry_did = p_did;
     ELSIF v_expected IS NULL THEN
         INSERT INTO entries (entry_did, head_seq, created_seq, publisher_did, entry_type,
                              lifecycle)
@@ -64,17 +66,20 @@ BEGIN
         -- Its entry_search row was inserted when append_changes staged it, unless this is a
         -- nested call, or a change before it in the batch staged the same DID and was not
         -- applied (which deleted that row).
-        IF p.inserted IS NOT TRUE AND NOT insert_entry_search(p_did, p) THEN
+        IF p.inserted IS NOT TRUE AND NOT insert_entry_search(p_did, p_rows, p) THEN
             RAISE EXCEPTION 'apply_entry_version: % has a searchable row but no entry', p_did;
         END IF;
+        UPDATE entry_search s SET head_seq = p_seq WHERE s.entry_did = p_did;
     ELSE
         UPDATE entries e SET head_seq = p_seq, publisher_did = v_publisher,
                entry_type = v_type, lifecycle = v_lifecycle
          WHERE e.entry_did = p_did;
-        UPDATE entry_search s SET name = p.name, description = p.description,
-               version = p.version, tags = p.tags, service_types = p.service_types,
-               relationships = p.relationships, custom_metadata = p.custom_metadata,
-               published_at = p.published_at, updated_at = p.updated_at, search = p.search
+        UPDATE entry_search s SET head_seq = p_seq, publisher_did = v_publisher,
+               entry_type = v_type, lifecycle = v_lifecycle, name = p.name,
+               description = p.description, version = p.version, tags = p.tags,
+               service_types = p.service_types, relationships = p.relationships,
+               custom_metadata = p.custom_metadata, published_at = p.published_at,
+               updated_at = p.updated_at, search = p.search
          WHERE s.entry_did = p_did;
     END IF;
     INSERT INTO entry_versions (seq, entry_did, publisher_did, lifecycle, doc)

@@ -13,7 +13,7 @@ ordering that reaches it needs no tie-breaker.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -168,10 +168,17 @@ def _contains(expr: Contains, p: _Params) -> str:
 
 
 COUNT_CAP = 1000  # totalCount is exact up to this many matches
-# What discovery reads: each entry's head (entries: position, publisher, type, lifecycle) and
-# the searchable projection of its head version (entry_search, migration 0021). Every column
-# name is in one of the two, so the filters and orderings name them unqualified.
-SOURCE = "entries JOIN entry_search USING (entry_did)"
+# What discovery reads: entry_search (migration 0021), one row per entry with the searchable
+# projection of its head version, its head sequence, publisher, type and lifecycle.
+SOURCE = "entry_search"
+# A walk in sequence order: entry_search has no index on head_seq (the log head's critical
+# section sets it on a new row, a heap-only update), so it goes down entries' sequence indexes
+# and joins each entry's row; the filters name entry_search's columns (entries' are renamed).
+WALK = (
+    "(SELECT entry_did AS walk_did, head_seq AS walk_seq, lifecycle AS walk_lifecycle,"
+    " entry_type AS walk_type FROM entries) AS w"
+    " JOIN entry_search ON entry_search.entry_did = w.walk_did"
+)
 
 
 @dataclass(frozen=True)
@@ -255,20 +262,28 @@ def compile_discover(query: RegistryQuery, *, limit: int, after: list[Any] | Non
     tiebreak = keys[-1].kind != "seq"
     if tiebreak:
         keys.append(_Key('entry_did COLLATE "C"', keys[-1].descending, "text"))
+    # The walk of the ordering's index (more than COUNT_CAP matches): by sequence, on entries.
+    walk = keys[0].kind == "seq"
+    scan_keys = [replace(keys[0], expr="walk_seq"), *keys[1:]] if walk else keys
     scan_where = list(where)
+    if walk:  # the conditions of entries' partial sequence indexes
+        scan_where.append("walk_lifecycle <> 'deleted'")
+        if query.entry_type != ALL_TYPES:
+            scan_where.append(f"walk_type = {p.bind(query.entry_type)}")
     few_where = [f"t.total <= {COUNT_CAP}"]
     if after is not None and len(after) != len(keys):
         raise Invalid("cursor does not belong to this query", code="invalid_cursor")
     if after is not None:
-        scan_where.append(_keyset([k.expr for k in keys], keys, after, p))
+        scan_where.append(_keyset([k.expr for k in scan_keys], scan_keys, after, p))
     selected = ", ".join(f"{k.expr} AS k{i}" for i, k in enumerate(keys))
+    scan_selected = ", ".join(f"{k.expr} AS k{i}" for i, k in enumerate(scan_keys))
     order_sql = ", ".join(f"k{i} {'DESC' if k.descending else 'ASC'}" for i, k in enumerate(keys))
     window = f" LIMIT {p.bind(limit + 1)}"
     if query.offset and after is None:
         window += f" OFFSET {p.bind(query.offset)}"
     columns = f"entry_did, head_seq, {selected}"
-    page_sql = f"SELECT {columns} FROM {SOURCE} WHERE {' AND '.join(scan_where)}"
-    page_sql += f" ORDER BY {order_sql}{window}"
+    scan = f"SELECT entry_did, head_seq, {scan_selected} FROM {WALK if walk else SOURCE}"
+    page_sql = f"{scan} WHERE {' AND '.join(scan_where)} ORDER BY {order_sql}{window}"
     page_params = list(p.values)  # page_sql uses these only
     if after is not None:
         few_where.append(_keyset([k.column(i) for i, k in enumerate(keys)], keys, after, p))
@@ -277,8 +292,7 @@ def compile_discover(query: RegistryQuery, *, limit: int, after: list[Any] | Non
     sql = (
         f"WITH m AS MATERIALIZED ({candidates}), t AS (SELECT count(*) AS total FROM m)"
         f" SELECT t.total, v.doc, p.* FROM t LEFT JOIN LATERAL ("
-        f"(SELECT {columns} FROM {SOURCE} WHERE {' AND '.join(scan_where)}"
-        f" ORDER BY {order_sql}{window})"
+        f"({scan} WHERE {' AND '.join(scan_where)} ORDER BY {order_sql}{window})"
         f" UNION ALL (SELECT * FROM m WHERE {' AND '.join(few_where)}"
         f" ORDER BY {order_sql}{window})"
         f") AS p ON true LEFT JOIN entry_versions AS v ON v.seq = p.head_seq"

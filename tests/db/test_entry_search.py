@@ -31,8 +31,36 @@ def _create(did: str, name: str) -> Change:
     )
 
 
+def _version(did: str, name: str, head: int, lifecycle: str = "active") -> Change:
+    return entry_change(
+        "entry.deleted" if lifecycle == "deleted" else "entry.updated",
+        did=did,
+        expected_head=head,
+        publisher="did:key:zSearch2",
+        entry_type="AgentDefinition",
+        lifecycle=lifecycle,
+        prefix=json.dumps({"entryDid": did, "name": name, "tags": ["u"]})[:-1] + ',"sequence":',
+        suffix="}",
+    )
+
+
 def _key(key: str) -> IdemKey:
     return IdemKey("did:key:zSearch", "entry.create", key, b"fingerprint")
+
+
+async def _search_row(url: str, did: str) -> dict[str, object]:
+    conn = await trio_asyncio.aio_as_trio(asyncpg.connect)(url)
+    try:
+        row = await trio_asyncio.aio_as_trio(conn.fetchrow)(
+            "SELECT s.head_seq, s.name, s.tags, s.publisher_did, s.lifecycle,"
+            " e.head_seq AS entry_head FROM entry_search s JOIN entries e USING (entry_did)"
+            " WHERE s.entry_did = $1",
+            did,
+        )
+    finally:
+        await trio_asyncio.aio_as_trio(conn.close)()
+    assert row is not None
+    return dict(row)
 
 
 async def _rows(url: str, did: str) -> tuple[int, list[str]]:
@@ -48,6 +76,37 @@ async def _rows(url: str, did: str) -> tuple[int, list[str]]:
     finally:
         await trio_asyncio.aio_as_trio(conn.close)()
     return int(entries), [r["name"] for r in names]
+
+
+async def test_the_searchable_row_follows_every_version(database_url: str) -> None:
+    async with trio_asyncio.open_loop(), open_pg_store(database_url) as store:
+        did = f"did:web:search.test:{secrets.token_hex(4)}:versions"
+        (created,) = await store.append([(_create(did, "first"), None)])
+        assert created.sequence is not None
+        row = await _search_row(database_url, did)
+        assert row == {
+            "head_seq": created.sequence,  # set under the lock, after the staged insert
+            "name": "first",
+            "tags": ["t"],
+            "publisher_did": "did:key:zSearch",
+            "lifecycle": "active",
+            "entry_head": created.sequence,
+        }
+        (updated,) = await store.append([(_version(did, "second", created.sequence), None)])
+        assert updated.sequence is not None
+        row = await _search_row(database_url, did)
+        assert (row["head_seq"], row["entry_head"]) == (updated.sequence, updated.sequence)
+        assert (row["name"], row["tags"], row["publisher_did"]) == (
+            "second",
+            ["u"],
+            "did:key:zSearch2",
+        )
+        (deleted,) = await store.append(
+            [(_version(did, "second", updated.sequence, "deleted"), None)]
+        )
+        row = await _search_row(database_url, did)
+        assert (row["head_seq"], row["lifecycle"]) == (deleted.sequence, "deleted")
+        assert row["name"] == "second"  # a tombstone keeps the projection it had
 
 
 async def test_a_create_that_is_not_applied_leaves_no_searchable_row(database_url: str) -> None:
@@ -133,8 +192,10 @@ async def test_batches_creating_the_same_dids_in_opposite_orders_do_not_deadlock
             pattern = f"did:web:search.test:{tag}:%"
             rows = await trio_asyncio.aio_as_trio(conn.fetch)(
                 "SELECT e.entry_did, count(s.entry_did) AS n FROM entries e"
-                " LEFT JOIN entry_search s USING (entry_did) WHERE e.entry_did LIKE $1"
-                " GROUP BY e.entry_did",
+                " LEFT JOIN entry_search s"
+                "   ON s.entry_did = e.entry_did AND s.head_seq = e.head_seq"
+                "  AND s.publisher_did = e.publisher_did AND s.lifecycle = e.lifecycle"
+                " WHERE e.entry_did LIKE $1 GROUP BY e.entry_did",
                 pattern,
             )
             orphans = await trio_asyncio.aio_as_trio(conn.fetchval)(
