@@ -54,7 +54,7 @@ BEGIN
             v_staged[i] := stage_entry_version(c -> 'rows');
         END IF;
     END LOOP;
-    -- Each create's searchable row (entry_search and its eleven indexes), in DID order: two
+    -- Each create's searchable row (entry_search and its fourteen indexes), in DID order: two
     -- batches creating the same DIDs wait for one another in one order, never in a cycle, and
     -- never while holding the log head. A change that is then not applied deletes its row.
     FOR j IN SELECT t.n FROM jsonb_array_elements(p_changes) WITH ORDINALITY AS t(c, n)

@@ -78,6 +78,19 @@ async def _rows(url: str, did: str) -> tuple[int, list[str]]:
     return int(entries), [r["name"] for r in names]
 
 
+async def _refusal_under_a_key(store: PgStore) -> tuple[str, str]:
+    """A fresh key `tag` whose recorded outcome is a refusal (`entry_exists`: the create of a
+    DID that exists, `taken`, whose entry is named "first")."""
+    tag = secrets.token_hex(4)
+    taken = f"did:web:search.test:{tag}:taken"
+    (first,) = await store.append([(_create(taken, "first"), None)])
+    first.unwrap()
+    (refused,) = await store.append([(_create(taken, "again"), _key(tag))])
+    assert refused.refusal is not None
+    assert refused.refusal.code == "entry_exists"
+    return tag, taken
+
+
 async def test_the_searchable_row_follows_every_version(database_url: str) -> None:
     async with trio_asyncio.open_loop(), open_pg_store(database_url) as store:
         did = f"did:web:search.test:{secrets.token_hex(4)}:versions"
@@ -111,14 +124,7 @@ async def test_the_searchable_row_follows_every_version(database_url: str) -> No
 
 async def test_a_create_that_is_not_applied_leaves_no_searchable_row(database_url: str) -> None:
     async with trio_asyncio.open_loop(), open_pg_store(database_url) as store:
-        tag = secrets.token_hex(4)
-        taken = f"did:web:search.test:{tag}:taken"
-        (first,) = await store.append([(_create(taken, "first"), None)])
-        first.unwrap()
-        # A refusal recorded under a key: creating a DID that exists.
-        (refused,) = await store.append([(_create(taken, "again"), _key(tag))])
-        assert refused.refusal is not None
-        assert refused.refusal.code == "entry_exists"
+        tag, taken = await _refusal_under_a_key(store)
         # The same key again, now on a new DID: the recorded refusal answers (a replay), and
         # the row staged for the new DID before the lock is gone with it.
         fresh = f"did:web:search.test:{tag}:fresh"
@@ -132,12 +138,7 @@ async def test_a_did_staged_twice_in_one_batch_ends_with_the_applied_version(
     database_url: str,
 ) -> None:
     async with trio_asyncio.open_loop(), open_pg_store(database_url) as store:
-        tag = secrets.token_hex(4)
-        taken = f"did:web:search.test:{tag}:taken"
-        (first,) = await store.append([(_create(taken, "first"), None)])
-        first.unwrap()
-        (refused,) = await store.append([(_create(taken, "again"), _key(tag))])
-        assert refused.refusal is not None
+        tag, _ = await _refusal_under_a_key(store)
         did = f"did:web:search.test:{tag}:twice"
         # The first change stages the DID's row and is replayed (so deletes it); the second
         # creates the entry (its row is written under the lock); the third is refused.
