@@ -218,11 +218,17 @@ class Row:
         return self.intents / self.wall_s if self.wall_s else 0.0
 
 
+# The intents and their queue rows, as apply_entry_version writes them (migration 0020).
 SEED_SQL = """
-INSERT INTO anchor_intents (intent_id, entry_did, sequence, operation, item_data_hash)
-SELECT 'ai_' || g, 'did:web:agents.example.com:bench:' || lpad(g::text, 7, '0'), g, 'create',
-       encode(sha256(convert_to('bench item data ' || g, 'UTF8')), 'hex')
-  FROM generate_series(1, $1::bigint) AS g;
+WITH intents AS (
+    INSERT INTO anchor_intents (intent_id, entry_did, sequence, operation, item_data_hash)
+    SELECT 'ai_' || g, 'did:web:agents.example.com:bench:' || lpad(g::text, 7, '0'), g,
+           'create', encode(sha256(convert_to('bench item data ' || g, 'UTF8')), 'hex')
+      FROM generate_series(1, $1::bigint) AS g
+    RETURNING sequence, intent_id, available_at
+)
+INSERT INTO anchor_queue (sequence, intent_id, available_at)
+SELECT sequence, intent_id, available_at FROM intents;
 """
 
 
