@@ -48,6 +48,7 @@ ALTER TABLE entries
     DROP COLUMN name, DROP COLUMN description, DROP COLUMN version, DROP COLUMN tags,
     DROP COLUMN service_types, DROP COLUMN relationships, DROP COLUMN custom_metadata,
     DROP COLUMN published_at, DROP COLUMN updated_at, DROP COLUMN search;
+CLUSTER entries USING entries_pkey;  -- rewritten narrow (dropped columns keep their bytes)
 
 CREATE INDEX entry_search_published ON entry_search (published_at, (entry_did COLLATE "C"));
 CREATE INDEX entry_search_updated   ON entry_search (updated_at, (entry_did COLLATE "C"));

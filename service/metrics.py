@@ -179,8 +179,8 @@ def _pool(s: Sources) -> Iterable[Metric]:
     )
     yield _gauge(
         "registry_db_connections_held_back",
-        "Pool slots held back because PostgreSQL refused more connections (max_connections"
-        " reached); the pool serves with those it has",
+        "Connections the pool lacks because PostgreSQL refused one in the last 5 s"
+        " (max_connections reached); it serves with those it has",
         stats["held_back"],
     )
 

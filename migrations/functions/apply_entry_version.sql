@@ -51,6 +51,14 @@ BEGIN
         RETURN;
     END IF;
     IF p.prefix IS NULL THEN
+        -- A nested call (apply_records: a transfer) writes a version of an existing entry. A
+        -- create must come staged from append_changes, whose rows of new DIDs are inserted
+        -- before the log head in one order: one inserted under the lock could wait on another
+        -- batch's staged row while that batch waits for the lock.
+        IF v_expected IS NULL THEN
+            RAISE EXCEPTION 'apply_entry_version: a create of % must be staged by append_changes',
+                p_did;
+        END IF;
         p := stage_entry_version(p_rows);
     END IF;
     v_doc := p.prefix || p_seq::text || p.suffix;
@@ -63,9 +71,10 @@ BEGIN
         INSERT INTO entries (entry_did, head_seq, created_seq, publisher_did, entry_type,
                              lifecycle)
         VALUES (p_did, p_seq, p_seq, v_publisher, v_type, v_lifecycle);
-        -- Its entry_search row was inserted when append_changes staged it, unless this is a
-        -- nested call, or a change before it in the batch staged the same DID and was not
-        -- applied (which deleted that row).
+        -- Its entry_search row was inserted when append_changes staged it, unless a change
+        -- before it in the batch staged the same DID and was not applied (which deleted that
+        -- row): then it is inserted here, a DID no other batch can be inserting (this batch
+        -- held it until then).
         IF p.inserted IS NOT TRUE AND NOT insert_entry_search(p_did, p_rows, p) THEN
             RAISE EXCEPTION 'apply_entry_version: % has a searchable row but no entry', p_did;
         END IF;

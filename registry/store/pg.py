@@ -1077,7 +1077,7 @@ async def _listening_connection(
 ) -> asyncpg.Connection:
     """A connection of its own listening on `channels`; through the seam, so a refused or slow
     (re)connect is `Unavailable` within the deadline, like any other store call."""
-    conn = await pool.take()
+    conn = await pool.take(lasting=True)
     try:
         conn.add_termination_listener(notes.terminated)
         for channel in channels:

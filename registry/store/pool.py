@@ -11,11 +11,12 @@ the server reported (severity ERROR: asyncpg's protocol is idle again) and no tr
 open. A FATAL error (the server is ending the session), cancellation, timeouts and connection
 errors close it, since a command may still be in flight.
 A server that refuses a new connection because it is full (53300, too many connections: other
-processes on the same PostgreSQL hold its `max_connections`) does not fail the caller while this
-pool holds connections of its own: the caller waits for one of them, and the refused slot is held
-back, then tried again at most once every `REGROW_SECONDS` (the pool never grows past what the
-server admits, and grows back when room appears). With no connection of its own, the refusal is
-the caller's error (503).
+processes on the same PostgreSQL hold its `max_connections`) does not fail the caller while
+connections this pool lent for one piece of work are out: the caller waits for one of them to
+come back, and for `RETRY_SECONDS` after a refusal no caller opens a new connection while that
+is so (the pool makes do with what the server admits, then tries again). Connections taken for
+the process's lifetime (`take(lasting=True)`: a LISTEN, a leadership's advisory lock) never come
+back, so they are not waited for: with only those out, the refusal is the caller's error (503).
 No asyncio timer is ever armed (see `_connect`). Sessions carry no state between uses: settings
 are fixed at connect time (`server_settings`), no advisory locks are taken on pooled
 connections, and `listen` unlistens before giving one back.
@@ -32,7 +33,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import asyncpg
 
-REGROW_SECONDS = 5.0  # how often a slot held back after a full server's refusal is tried again
+RETRY_SECONDS = 5.0  # after PostgreSQL refused a connection, how long the pool makes do
 
 
 class LeanPool:
@@ -48,9 +49,11 @@ class LeanPool:
         self._all: set[asyncpg.Connection] = set()
         self._slots = asyncio.Semaphore(max_size)
         self._closed = False
-        self._waiting = 0  # callers of `take` waiting for a slot
-        self._held_back = 0  # slots kept from callers since the server refused their connection
-        self._held_back_at = 0.0  # when a slot was last held back or tried again
+        self._max_size = max_size
+        self._waiting = 0  # callers of `take` waiting for a slot or a connection
+        self._lasting: set[asyncpg.Connection] = set()  # taken for the process's lifetime
+        self._refused_at: float | None = None  # when PostgreSQL last refused a connection
+        self._returned = asyncio.Event()  # set (and replaced) whenever a connection comes back
 
     async def open(self) -> LeanPool:
         try:
@@ -76,8 +79,9 @@ class LeanPool:
         self._all.add(conn)
         return conn
 
-    async def take(self) -> asyncpg.Connection:
-        """A connection for the caller alone until `give_back` (or `discard`)."""
+    async def take(self, *, lasting: bool = False) -> asyncpg.Connection:
+        """A connection for the caller alone until `give_back` (or `discard`); `lasting`: held
+        for the process's lifetime (it is never waited for)."""
         while True:
             if self._closed:
                 raise asyncpg.InterfaceError("the pool is closed")
@@ -86,39 +90,57 @@ class LeanPool:
                 await self._slots.acquire()
             finally:
                 self._waiting -= 1
+            returned = self._returned  # a connection coming back from now on wakes the wait
             try:
                 conn = await self._idle_or_new()
             except BaseException:
                 self._slots.release()
                 raise
             if conn is not None:
+                if lasting:
+                    self._lasting.add(conn)
                 return conn
-            # The server is full and this pool holds connections: the slot stays held back,
-            # and the caller waits for one of this pool's connections to come back.
+            # PostgreSQL is full, and a connection lent for one piece of work will come back.
+            self._slots.release()
+            self._waiting += 1
+            try:
+                await returned.wait()
+            finally:
+                self._waiting -= 1
 
     async def _idle_or_new(self) -> asyncpg.Connection | None:
-        """An idle connection, else a new one; None when the server refused it for being full
-        while this pool has connections of its own (the caller's slot is then held back)."""
+        """An idle connection, else a new one; None when PostgreSQL refused one (or did within
+        RETRY_SECONDS) and a lent connection will come back to wait for."""
         while self._idle:
             conn = self._idle.pop()
             if not conn.is_closed():
                 return conn
             self._all.discard(conn)
-        try:
-            return await self._connect()
-        except asyncpg.TooManyConnectionsError:
-            if not self._all:
-                raise
-            self._held_back += 1
-            self._held_back_at = time.monotonic()
+        if self._refused_recently() and self._lent():
             return None
+        try:
+            conn = await self._connect()
+        except asyncpg.TooManyConnectionsError:
+            self._refused_at = time.monotonic()
+            if self._lent():
+                return None
+            raise
+        self._refused_at = None
+        return conn
 
-    def _free_slot(self) -> None:
+    def _lent(self) -> bool:
+        """Whether a connection taken for one piece of work is out (it will come back)."""
+        return len(self._all) - len(self._idle) - len(self._lasting) > 0
+
+    def _refused_recently(self) -> bool:
+        refused = self._refused_at
+        return refused is not None and time.monotonic() - refused < RETRY_SECONDS
+
+    def _came_back(self) -> None:
+        """A slot is free again: wake the callers waiting for a connection."""
         self._slots.release()
-        if self._held_back and time.monotonic() - self._held_back_at >= REGROW_SECONDS:
-            self._held_back -= 1  # try once more to open it: the server may have room now
-            self._held_back_at = time.monotonic()
-            self._slots.release()
+        self._returned.set()
+        self._returned = asyncio.Event()
 
     def statistics(self) -> dict[str, int]:
         """Connections open, in use (taken, not given back) and callers waiting for one."""
@@ -126,22 +148,25 @@ class LeanPool:
             "open": len(self._all),
             "in_use": len(self._all) - len(self._idle),
             "waiting": self._waiting,
-            "held_back": self._held_back,
+            # Connections the pool lacks because PostgreSQL refused one in the last RETRY_SECONDS.
+            "held_back": self._max_size - len(self._all) if self._refused_recently() else 0,
         }
 
     def give_back(self, conn: asyncpg.Connection) -> None:
         if self._closed or conn.is_closed() or conn.is_in_transaction():
             self.discard(conn)
             return
+        self._lasting.discard(conn)
         self._idle.append(conn)
-        self._free_slot()
+        self._came_back()
 
     def discard(self, conn: asyncpg.Connection) -> None:
         """Close a connection whose state is unknown (no await: safe while cancelled)."""
         self._all.discard(conn)
+        self._lasting.discard(conn)
         if not conn.is_closed():
             conn.terminate()
-        self._free_slot()
+        self._came_back()
 
     @asynccontextmanager
     async def acquire(self) -> AsyncIterator[asyncpg.Connection]:
@@ -189,6 +214,7 @@ class LeanPool:
         self.terminate()
 
     def terminate(self) -> None:
+        self._returned.set()  # callers waiting for a connection find the pool closed
         for conn in list(self._all):
             if not conn.is_closed():
                 conn.terminate()
