@@ -217,7 +217,7 @@ def _filters(query: RegistryQuery, p: _Params) -> list[str]:
 
 @dataclass(frozen=True)
 class _Key:
-    expr: str  # over the entries table
+    expr: str  # over entry_search (a walk in sequence order: walk_seq, of entries)
     descending: bool
     kind: str  # "rank", "time", "seq" or "text": the SQL type of a cursor value
 
