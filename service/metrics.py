@@ -27,6 +27,7 @@ from registry.coherence import Caches
 from registry.histogram import Histogram
 from registry.store import HealthStore
 from registry.store.pg import RoutedPgStore
+from registry.store.pool import RETRY_SECONDS
 from ws.events import EventDeps
 
 BREAKER_STATES = ("closed", "open", "half_open")
@@ -179,8 +180,8 @@ def _pool(s: Sources) -> Iterable[Metric]:
     )
     yield _gauge(
         "registry_db_connections_held_back",
-        "Connections the pool lacks because PostgreSQL refused one in the last 5 s"
-        " (max_connections reached); it serves with those it has",
+        "Connections the pool lacks because PostgreSQL refused one in the last"
+        f" {RETRY_SECONDS:g} s (max_connections reached); it serves with those it has",
         stats["held_back"],
     )
 

@@ -209,8 +209,8 @@ class HealthStore(Protocol):
 
     async def purge_expired(self) -> dict[str, int]: ...
     def pool_statistics(self) -> dict[str, int]:
-        """Connections `open`, `in_use`, callers `waiting` for one, and slots `held_back`
-        since the server refused more connections (empty: no pool)."""
+        """Connections `open`, `in_use`, callers `waiting` for one, and those `held_back`
+        (lacking while PostgreSQL refuses more) (empty: no pool)."""
         ...
 
     def error_statistics(self) -> dict[str, int]:

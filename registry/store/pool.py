@@ -143,7 +143,8 @@ class LeanPool:
         self._returned = asyncio.Event()
 
     def statistics(self) -> dict[str, int]:
-        """Connections open, in use (taken, not given back) and callers waiting for one."""
+        """Connections open, in use (taken, not given back), callers waiting for one, and
+        those held back (the pool lacks them while PostgreSQL refuses more)."""
         return {
             "open": len(self._all),
             "in_use": len(self._all) - len(self._idle),
