@@ -100,7 +100,11 @@ async def _track_live(subscription: Subscription, caches: Caches) -> None:
 async def _apply(subscription: Subscription, store: KeeperStore, caches: Caches) -> None:
     while True:
         batch = [await subscription.receive()]
-        # Records already queued are handled together (one database check for the batch).
-        while len(batch) < CHANGES_CHECKED_AT_ONCE + 1 and subscription.ready():
-            batch.append(await subscription.receive())
+        # Records already queued are handled together (one database check for the batch),
+        # taken without a checkpoint each.
+        while len(batch) < CHANGES_CHECKED_AT_ONCE + 1:
+            try:
+                batch.append(subscription.receive_nowait())
+            except trio.WouldBlock:
+                break
         await caches.follow(batch, store)

@@ -1053,14 +1053,15 @@ class PgStore:
 
     @asynccontextmanager
     async def listen_log(self) -> AsyncIterator[LogWakeups]:
-        """Wake-ups whenever a batch of changes commits (in any process on this database)."""
-        async with self.listen("registry_log") as notes:
+        """Wake-ups whenever a batch of changes commits (in any process on this database);
+        between two waits the connection is not read (`Notifications`, `hold`)."""
+        async with self.listen("registry_log", hold=True) as notes:
             yield notes
 
     @asynccontextmanager
-    async def listen(self, *channels: str) -> AsyncIterator[Notifications]:
+    async def listen(self, *channels: str, hold: bool = False) -> AsyncIterator[Notifications]:
         """Receive NOTIFY payloads of `channels` on a dedicated connection while inside."""
-        notes = Notifications()
+        notes = Notifications(hold=hold)
         conn = await _listening_connection(self._pool, channels, notes)
         try:
             yield notes
@@ -1082,6 +1083,7 @@ async def _listening_connection(
         conn.add_termination_listener(notes.terminated)
         for channel in channels:
             await conn.add_listener(channel, notes.push)
+        notes.read_through(conn)
     except BaseException:
         conn.remove_termination_listener(notes.terminated)
         pool.discard(conn)
@@ -1090,15 +1092,33 @@ async def _listening_connection(
 
 
 class Notifications:
-    """A bounded buffer of NOTIFY payloads; overflow is reported, never silently dropped."""
+    """A bounded buffer of NOTIFY payloads; overflow is reported, never silently dropped.
+
+    With `hold`, the listening connection is not read from a notification until a `receive()`
+    finds nothing at hand (asyncio's flow control: its transport's `pause_reading`): what
+    PostgreSQL sends meanwhile waits in the socket, and is taken in one read. Every batch
+    that commits anywhere sends every listening process a notification, and each one read
+    on its own cost a process ~370 µs of CPU (the trio-asyncio hops of one socket read;
+    bench/README.md, "Following the log"); a reader that waits at most once per interval
+    (the log actor) pays that once per interval, however many processes write."""
 
     LIMIT = 10_000
 
-    def __init__(self) -> None:
+    def __init__(self, *, hold: bool = False) -> None:
         self._pending: list[tuple[str, str]] = []
         self._lost = False
         self._closed = False
         self._wake = trio.Event()
+        self._hold = hold
+        self._transport: Any = None  # the listening connection's, once `read_through` found it
+        self.held = False  # reading is paused until the next receive()
+
+    def read_through(self, conn: Any) -> None:
+        """Hold reads of `conn` between receives (when asked to, and where its transport has
+        asyncio's flow control; asyncpg keeps it in `_transport`)."""
+        transport = getattr(conn, "_transport", None)
+        if self._hold and hasattr(transport, "pause_reading"):
+            self._transport = transport
 
     def terminated(self, _conn: object) -> None:
         """The listening connection is gone: whatever was sent since is lost."""
@@ -1112,6 +1132,9 @@ class Notifications:
         else:
             self._pending.append((channel, payload))
         self._wake.set()
+        if self._transport is not None and not self.held:
+            self.held = True
+            self._transport.pause_reading()
 
     async def wait(self) -> None:
         """Return when something was notified (lost notifications included: the log is read
@@ -1122,6 +1145,10 @@ class Notifications:
         """The next batch of (channel, payload), or None when some were lost (start over).
 
         Raises `Unavailable` once the listening connection has terminated."""
+        if self.held and not self._wake.is_set():
+            # Nothing at hand: read what came meanwhile, now, and wait for more.
+            self.held = False
+            self._transport.resume_reading()
         await self._wake.wait()
         if self._closed:
             raise Unavailable("the notification connection was lost", code="database_unavailable")
