@@ -254,9 +254,13 @@ _fast_dumps = json.JSONEncoder(
 
 
 def _plain(value: Any) -> bool:
-    """True when json.dumps(sort_keys) already yields JCS: no floats, ints safe, no non-BMP keys.
+    """True when json.dumps(sort_keys) already yields JCS: ints safe, no non-BMP keys, and
+    floats whose `repr` (what json.dumps writes) is ECMAScript's text too.
 
-    (Python sorts keys by code point, JCS by UTF-16 code unit; they differ only above the BMP.)
+    (Python sorts keys by code point, JCS by UTF-16 code unit; they differ only above the BMP.
+    Both print a double's shortest round-tripping digits; they differ in form only where
+    `repr` uses an exponent (below 1e-4, from 1e16: "1e-05", ECMAScript "0.00001") or the
+    value is integral ("2.0", ECMAScript "2"); those take `_format_number`.)
     """
     if isinstance(value, dict):
         for key, item in value.items():
@@ -268,7 +272,8 @@ def _plain(value: Any) -> bool:
     if isinstance(value, list):
         return all(_plain(item) for item in value)
     if isinstance(value, float):
-        return False
+        text = repr(value)
+        return math.isfinite(value) and "e" not in text and not text.endswith(".0")
     if isinstance(value, int) and not isinstance(value, bool):
         return -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER
     return True

@@ -413,3 +413,32 @@ def test_canonical_bytes_do_not_depend_on_member_order(value: Any) -> None:
         return node
 
     assert canonicalize(reverse(value)) == canonicalize(value)
+
+
+# Where `repr` (what json.dumps writes) and ECMAScript part ways: exponents below 1e-4 and from
+# 1e16, integral values. Floats between are serialised by json.dumps (the fast path).
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (0.5, "0.5"),
+        (-0.5, "-0.5"),
+        (0.0001, "0.0001"),
+        (0.00009999, "0.00009999"),
+        (0.000001, "0.000001"),
+        (1e-7, "1e-7"),
+        (2.0, "2"),
+        (-0.0, "0"),
+        (123456789012345.6, "123456789012345.6"),
+        (1234567890123456.8, "1234567890123456.8"),
+        (1e16, "10000000000000000"),
+        (1.5e300, "1.5e+300"),
+        (5e-324, "5e-324"),
+    ],
+)
+def test_floats_near_where_the_fast_path_ends_serialise_as_ecmascript_does(
+    value: float, expected: str
+) -> None:
+    document = {"a": [value, {"b": value}]}
+    assert canonicalize(value) == expected.encode()
+    assert canonicalize(document) == jcs.canonicalize(document)
+    assert canonicalize(document) == f'{{"a":[{expected},{{"b":{expected}}}]}}'.encode()
