@@ -129,6 +129,37 @@ async def test_a_subscriber_past_the_head_waits_for_it(
     assert got == [6, 7]
 
 
+async def test_queued_records_are_taken_without_waiting_in_order_and_a_drop_still_surfaces(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store = MemoryStore()
+    head = await fill(store, 2)
+    async with open_log(store, queue_size=8) as logs, logs.subscribe(head - 1) as subscription:
+        assert (await subscription.receive()).seq == head  # attached live at the head
+        with pytest.raises(trio.WouldBlock):
+            subscription.receive_nowait()  # nothing queued: receive() is the way to wait
+        await fill(store, 5)
+        await trio.testing.wait_all_tasks_blocked()
+        assert subscription.ready()
+        # A plain call, so no checkpoint between records: a burst costs one scheduler pass.
+        taken = [subscription.receive_nowait().seq for _ in range(5)]
+        assert taken == list(range(head + 1, head + 6))
+        assert subscription.last == head + 5
+        assert not subscription.ready()
+        with pytest.raises(trio.WouldBlock):
+            subscription.receive_nowait()
+        for _ in range(12):  # more than its queue holds: it is dropped as slow
+            await fill(store, 1)
+        await trio.testing.wait_all_tasks_blocked()
+        for _ in range(8):
+            subscription.receive_nowait()
+        with pytest.raises(trio.WouldBlock):  # the drop is not a record ...
+            subscription.receive_nowait()
+        with pytest.raises(Lagged) as caught:  # ... and receive() says so
+            await subscription.receive()
+        assert caught.value.last_sequence == head + 13
+
+
 class HeldReplay(MemoryStore):
     """A store whose read after `held` answers only once `release` is set: a replay's last
     page, read before later changes and delivered after the actor has read them."""
