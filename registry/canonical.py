@@ -269,10 +269,10 @@ def _plain(value: Any) -> bool:
             if not _plain(item):
                 return False
         return True
-    if isinstance(value, list):
+    if isinstance(value, list | tuple):  # _emit writes a tuple as an array too
         return all(_plain(item) for item in value)
     if isinstance(value, float):
-        text = repr(value)
+        text = float.__repr__(value)  # what json.dumps writes, whatever a subclass says
         return math.isfinite(value) and "e" not in text and not text.endswith(".0")
     if isinstance(value, int) and not isinstance(value, bool):
         return -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER

@@ -442,3 +442,16 @@ def test_floats_near_where_the_fast_path_ends_serialise_as_ecmascript_does(
     assert canonicalize(value) == expected.encode()
     assert canonicalize(document) == jcs.canonicalize(document)
     assert canonicalize(document) == f'{{"a":[{expected},{{"b":{expected}}}]}}'.encode()
+
+
+class _OddFloat(float):
+    def __repr__(self) -> str:
+        return "odd"
+
+
+def test_tuples_and_float_subclasses_take_the_same_rules_as_lists_and_floats() -> None:
+    # Parsed input has neither, but canonicalize is also called on values the code builds.
+    assert canonicalize((2.0, 1e-7, 0.5)) == b"[2,1e-7,0.5]"
+    assert canonicalize({"a": [_OddFloat(2.0), _OddFloat(0.25)]}) == b'{"a":[2,0.25]}'
+    with pytest.raises(Invalid):
+        canonicalize({"a": (1e-7, 2**60)})
