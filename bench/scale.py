@@ -21,7 +21,11 @@ standby. The PostgreSQL CPU of those rows is split: primary, replica.
 Columns: req/s; p50/p99 (wrk); vs bare (req/s over the same N's bare row); vs 1 proc (req/s
 over the 1-process row of the same endpoint); srv µs/req (CPU of the N servers per request);
 pg µs/req (the database: the bench database's backends and the server's background work);
-replica µs/req. Exit status 0 when every row was clean, 1 otherwise, 2 when wrk is missing.
+replica µs/req. Under the table, the batches the writers committed per second during each
+setup's create rows (warm-up included; `registry_writer_batches_total` from each server's
+/metrics): each sends every process a notification, and every process reads the log after it
+(bench/follow.py measures what that costs a process). Exit status 0 when every row was clean,
+1 otherwise, 2 when wrk is missing.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ import secrets
 import shutil
 import sys
 import tempfile
+import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -72,6 +78,18 @@ def cluster_pids(cluster: Path) -> set[int]:
     return pids
 
 
+def committed_batches(servers: list[be.Server]) -> float:
+    """The batches the servers' writers committed so far (`registry_writer_batches_total`)."""
+    total = 0.0
+    for server in servers:
+        url = f"http://127.0.0.1:{server.port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            for line in response.read().decode().splitlines():
+                if line.startswith("registry_writer_batches_total "):
+                    total += float(line.split()[1])
+    return total
+
+
 class Run:
     def __init__(self, args: argparse.Namespace, workdir: Path) -> None:
         self.args = args
@@ -81,6 +99,9 @@ class Run:
         self.env = {**os.environ, **be.SERVICE_ENV}
         self.bench = be.Bench(args, workdir, db="")
         self.servers: list[be.Server] = []
+        # Batches committed per second during each setup's create rows (warm-up included):
+        # each is a notification to every process, which reads the log after it.
+        self.batch_rates: dict[str, float] = {}
 
     def log(self, message: str) -> None:
         be.log(message)
@@ -149,7 +170,11 @@ class Run:
         token, did = self.sign_in_and_publish(servers[0])
         load = be.Load([s.port for s in servers], n, conns, self.wrk_core(n))
         get = bench.measure(setup, "get_entry", servers, load, path=f"/v1/entries/{did}")
+        batches, began = committed_batches(servers), time.monotonic()
         create = bench.measure_create(setup, servers, load, token, ceiling)
+        self.batch_rates[setup] = (committed_batches(servers) - batches) / (
+            time.monotonic() - began
+        )
         return [get, create]
 
     def scaling(self) -> None:
@@ -263,6 +288,8 @@ def report(run: Run) -> bool:
         " request (for the replica rows, the primary's);\nreplica µs/req: the standby's CPU over"
         " the row, per request (the standby replays every write, and answers the reads)."
     )
+    rates = ", ".join(f"{setup}: {rate:,.0f}/s" for setup, rate in run.batch_rates.items())
+    print(f"batches committed during the create rows (each notifies every process): {rates}")
     if not clean:
         print("\nTHIS RUN HAD ERRORS: the figures of the rows marked above are not valid.")
     print("=" * width)
