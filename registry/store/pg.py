@@ -1113,7 +1113,7 @@ class Notifications:
         self._wake = trio.Event()
         self._hold = hold
         self._transport: Any = None  # the listening connection's, once `read_through` found it
-        self.held = False  # reading is paused until the next receive()
+        self.held = False  # reading is paused until a receive() finds nothing at hand
 
     def read_through(self, conn: Any) -> None:
         """Hold reads of `conn` between receives (when asked to, and where its transport has
