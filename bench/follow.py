@@ -47,7 +47,7 @@ def cpu(servers: list[be.Server]) -> list[float]:
 def creates(run: scale.Run, url: str, followers: int) -> None:
     start = run.registry(url)
     # The writer on core 0 (wrk takes core 1); the followers unpinned.
-    place = lambda name, i: start(name, 0) if i == 0 else start_unpinned(run, url, name)  # noqa: E731
+    place = lambda name, i: start(name, 0 if i == 0 else None)  # noqa: E731
     with run.processes("registry", 1 + followers, place) as servers:
         token, _ = run.sign_in_and_publish(servers[0])
         load = be.Load([servers[0].port], 1, run.args.connections, 1 if run.cores > 1 else None)
@@ -62,17 +62,6 @@ def creates(run: scale.Run, url: str, followers: int) -> None:
             f"creates      {m.result.rps:8,.0f}/s  writer {m.us_per_request(m.server_cpu_s):6,.0f}"
             f" µs/create  followers {each} µs/create{'  ERRORS' if m.result.problems() else ''}"
         )
-
-
-def start_unpinned(run: scale.Run, url: str, name: str) -> be.Server:
-    port = be.free_port()
-    cmd = [
-        str(be.VENV_BIN / "registry"), "serve", "--host", "127.0.0.1", "--port", str(port),
-        "--data-dir", str(run.workdir / "data"), "--database-url", url,
-    ]  # fmt: skip
-    server = be.start_server(name, cmd, port, None, run.workdir, run.env)
-    be.wait_ready(server, "/v1/health", 60, want=lambda b: b.get("status") == "ok")
-    return server
 
 
 async def notify(url: str, rate: float, seconds: float) -> int:
@@ -91,7 +80,8 @@ async def notify(url: str, rate: float, seconds: float) -> int:
 
 
 def flood(run: scale.Run, url: str, followers: int, rates: list[float]) -> None:
-    place = lambda name, i: start_unpinned(run, url, name)  # noqa: E731
+    start = run.registry(url)
+    place = lambda name, i: start(name, None)  # noqa: E731
     with run.processes("follower", followers, place) as servers:
         time.sleep(2)
         for rate in rates:

@@ -135,8 +135,8 @@ class Run:
         be.wait_ready(server, "/bare", 30)
         return server
 
-    def registry(self, url: str, read_url: str = "") -> Callable[[str, int], be.Server]:
-        def start(name: str, core: int) -> be.Server:
+    def registry(self, url: str, read_url: str = "") -> Callable[[str, int | None], be.Server]:
+        def start(name: str, core: int | None) -> be.Server:  # core None: unpinned
             port = be.free_port()
             cmd = [
                 str(be.VENV_BIN / "registry"), "serve", "--host", "127.0.0.1",
