@@ -1,29 +1,32 @@
-"""PostgreSQL backend CPU per call of the append path (`append_changes`), one change a call.
+"""PostgreSQL backend CPU per change of the append path (`append_changes`).
 
     .venv/bin/python bench/append_cpu.py [--appends 3000] [--runs 2] [--writers 1]
-                                         [--minimal] [--postgres URL]
+                                         [--batch 1] [--sql STATEMENT] [--minimal]
+                                         [--postgres URL]
 
 Creates a fresh database per run on the server (default `postgresql://postgres@127.0.0.1:5432`,
-or `BENCH_POSTGRES`), migrates it, appends `--appends` entry creations one statement each (the
-first 200 warm the sessions up and are not counted) and prints the CPU time of the backend
-processes (from /proc, so the server must run on this machine) and the wall time per append.
-Each append commits on its own (with the server's fsync settings), as an idle service's do.
+or `BENCH_POSTGRES`), migrates it, appends `--appends` entry creations (the first 200 one a
+call, to warm the sessions up, not counted; the others `--batch` to a call) and prints the CPU
+time of the backend processes (from /proc, so the server must run on this machine) per change
+and the changes per second. Each call commits on its own (with the server's fsync settings):
+one call is one of the writer's batches.
 
-Each creation is what `POST /v1/entries` appends: bench/entries.py's ~1.9 KB document, its
-anchor intent (anchoring is on by default). `--minimal`: a document of two members and no
-intent (the figures of the first A/B, the dynamic `EXECUTE` against static calls).
+Each creation is what `POST /v1/entries` appends for bench/entries.py's signed ~1.9 KB entry:
+the stored form the use-case builds, its event, its anchor intent (anchoring is on by default),
+under its own Idempotency-Key. `--minimal`: a document of two members, no intent and no key
+(the figures of the first A/B, the dynamic `EXECUTE` against static calls).
 
 `--writers K`: K connections append at once (K processes' writers under load), each its share
-of the appends; appends/s is then the figure, and it is bounded by the part of each append
+of the calls; changes/s is then the figure, and it is bounded by the part of each append
 that holds the log head (the critical section) once the cores are not the limit.
-Used for issue 21 (A/B in bench/README.md).
+`--sql STATEMENT` (repeatable) runs after the migrations: an experiment (an index dropped, a
+column's storage changed). Used for issue 21 (A/B in bench/README.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import secrets
 import sys
@@ -35,12 +38,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import asyncpg
 
 from bench.entries import entry_for
-from registry.changes import IDEMPOTENCY_WINDOW_MS
+from registry.changes import IDEMPOTENCY_WINDOW_MS, Change, IdemKey
+from registry.entries import check_entry, sign_entry, stored_form
+from registry.keys import SigningKey
 from registry.store.migrate import _migrate, load_migrations
 from registry.store.pg import SESSION_SETTINGS, append_payload
 from registry.usecases.entries import entry_change
 
 WARMUP = 200
+KEY = SigningKey(bytes(32))
+AT = "2026-11-28T10:00:00.000Z"
 SQL = "SELECT * FROM append_changes($1::jsonb, $2)"
 
 
@@ -51,25 +58,51 @@ async def backend_cpu_seconds(conn: asyncpg.Connection) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def payload(i: int, tag: str, minimal: bool) -> str:
+def change_of(i: int, tag: str, minimal: bool) -> tuple[Change, IdemKey | None]:
     did = f"did:web:bench.example:{tag}:{i}"
     if minimal:
-        prefix, suffix, anchor = f'{{"entryDid":"{did}","sequence":', "}", None
+        change = entry_change(
+            "entry.created",
+            did=did,
+            expected_head=None,
+            publisher="did:key:zBench",
+            entry_type="AgentDefinition",
+            lifecycle="active",
+            prefix=f'{{"entryDid":"{did}","sequence":',
+            suffix="}",
+        )
     else:
-        doc = json.dumps(entry_for(did), separators=(",", ":"), ensure_ascii=False)
-        prefix, suffix, anchor = doc[:-1] + ',"sequence":', "}", secrets.token_hex(32)
-    change = entry_change(
-        "entry.created",
-        did=did,
-        expected_head=None,
-        publisher="did:key:zBench",
-        entry_type="AgentDefinition",
-        lifecycle="active",
-        prefix=prefix,
-        suffix=suffix,
-        item_data_hash=anchor,
-    )
-    return append_payload([(change, None)])
+        # What the use-case appends for POST /v1/entries of bench/entries.py's signed entry.
+        entry = check_entry(sign_entry(entry_for(did), KEY, created=AT))
+        form = stored_form(
+            entry.doc,
+            updated_at=AT,
+            signature_created=AT,
+            members=entry.members,
+            anchor_state="pending",
+        )
+        change = entry_change(
+            "entry.created",
+            did=did,
+            expected_head=None,
+            publisher=entry.publisher,
+            entry_type=entry.model.entry_type,
+            lifecycle=entry.lifecycle,
+            prefix=form.prefix,
+            suffix=form.suffix,
+            event={"name": entry.model.name, "version": entry.model.version},
+            item_data_hash=entry.model.item_data_hash,
+        )
+    if minimal:
+        return change, None
+    # As POST /v1/entries: each create under its own Idempotency-Key.
+    key = f"bench-{tag}-{i}"
+    return change, IdemKey("did:key:zBench", "create_entry", key, secrets.token_bytes(32))
+
+
+def payloads_of(changes: list[tuple[Change, IdemKey | None]], batch: int) -> list[str]:
+    """The changes, `batch` to a call (the writer's group commit under load)."""
+    return [append_payload(changes[k : k + batch]) for k in range(0, len(changes), batch)]
 
 
 async def run(
@@ -79,6 +112,8 @@ async def run(
     minimal: bool,
     extra_settings: dict[str, str],
     fresh: bool,
+    batch: int,
+    sql: list[str],
 ) -> tuple[float, float]:
     name = f"registry_bench_append_{secrets.token_hex(4)}"
     admin = await asyncpg.connect(server + "/postgres")
@@ -86,12 +121,20 @@ async def run(
     try:
         url = f"{server}/{name}"
         await _migrate(url, load_migrations())
+        if sql:
+            setup = await asyncpg.connect(url)
+            for statement in sql:
+                await setup.execute(statement)
+            await setup.close()
         settings = {**SESSION_SETTINGS, **extra_settings}
         conns = [await asyncpg.connect(url, server_settings=settings) for _ in range(writers)]
         try:
             tag = secrets.token_hex(3)
-            payloads = [payload(i, tag, minimal) for i in range(appends)]
-            for p in payloads[:WARMUP]:
+            warm = payloads_of([change_of(i, tag, minimal) for i in range(WARMUP)], 1)
+            payloads = payloads_of(
+                [change_of(i, tag, minimal) for i in range(WARMUP, appends)], batch
+            )
+            for p in warm:
                 await conns[0].fetch(SQL, p, IDEMPOTENCY_WINDOW_MS)
             # Statistics as a running registry has them (autovacuum's ANALYZE), and sessions
             # that plan with them: a plan made on the empty tables would scan them.
@@ -101,10 +144,9 @@ async def run(
                 await c.close()
             conns = [await asyncpg.connect(url, server_settings=settings) for _ in range(writers)]
             for c in conns:
-                for p in payloads[:10]:  # replays of the warm-up: plans made, nothing written
+                for p in warm[:10]:  # replays of the warm-up: plans made, nothing written
                     await c.fetch(SQL, p, IDEMPOTENCY_WINDOW_MS)
-            measured = payloads[WARMUP:]
-            shares = [measured[k::writers] for k in range(writers)]
+            shares = [payloads[k::writers] for k in range(writers)]
             cpu0 = [await backend_cpu_seconds(c) for c in conns]
             wall0 = time.perf_counter()
 
@@ -133,6 +175,16 @@ def main() -> None:
     parser.add_argument("--minimal", action="store_true")
     parser.add_argument("--fresh", action="store_true", help="no ANALYZE after the warm-up")
     parser.add_argument(
+        "--batch", type=int, default=1, help="changes per call (the writer batches under load)"
+    )
+    parser.add_argument(
+        "--sql",
+        action="append",
+        default=[],
+        metavar="STATEMENT",
+        help="run after the migrations (an experiment: an index dropped, a storage changed)",
+    )
+    parser.add_argument(
         "--set", action="append", default=[], metavar="NAME=VALUE", help="a session setting"
     )
     parser.add_argument(
@@ -149,10 +201,12 @@ def main() -> None:
                 args.minimal,
                 dict(item.split("=", 1) for item in args.set),
                 args.fresh,
+                args.batch,
+                args.sql,
             )
         )
         print(
-            f"run {n}: backend CPU {cpu:6.1f} us/append, {rate:7.1f} appends/s"
+            f"run {n}: backend CPU {cpu:6.1f} us/change, {rate:7.1f} changes/s"
             f" ({args.writers} writer{'s' if args.writers > 1 else ''})"
         )
 

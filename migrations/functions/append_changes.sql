@@ -10,7 +10,8 @@
 --      then its `also` records (each its own position, right after the change's, inserted in
 --      one statement: a batch of anchor confirmations appends one per intent);
 --   4. the outcome, a result text or a refusal (domain data, never an HTTP status), is recorded
---      under the Idempotency-Key in the same transaction; a handler's `Retry` refusal is not
+--      under the Idempotency-Key in the same transaction (an entry version's result, its
+--      document, by its sequence: entry_versions holds it); a handler's `Retry` refusal is not
 --      recorded (the use-case decides again against the new state).
 -- The log head row is locked from the first handler to the commit, so commit order is sequence
 -- order (gap-free). What does not depend on a position is done before it is locked: the JSON
@@ -83,6 +84,9 @@ BEGIN
                 IF (v_staged[i]).inserted THEN
                     DELETE FROM entry_search x WHERE x.entry_did = c ->> 'subject';
                 END IF;
+                IF r.result IS NULL AND r.refusal IS NULL THEN
+                    SELECT v.doc INTO r.result FROM entry_versions v WHERE v.seq = r.sequence;
+                END IF;
                 RETURN QUERY SELECT i, r.sequence, r.result, r.refusal, true, r.fingerprint;
                 CONTINUE;
             END IF;
@@ -133,9 +137,14 @@ BEGIN
             END IF;
         END IF;
         IF c ? 'idem' AND (h.refusal IS NULL OR h.refusal ->> 'kind' <> 'Retry') THEN
+            -- An applied entry version's result is its document, entry_versions.doc at v_seq:
+            -- the record names it by its sequence instead of holding a copy (migration 0022).
             INSERT INTO idempotency (scope, operation, key, fingerprint, sequence, result, refusal)
             VALUES (c #>> '{idem,scope}', c #>> '{idem,operation}', c #>> '{idem,key}', v_fp,
-                    v_seq, h.result, h.refusal)
+                    v_seq,
+                    CASE WHEN h.refusal IS NULL AND c ->> 'handler' = 'apply_entry_version'
+                         THEN NULL ELSE h.result END,
+                    h.refusal)
             ON CONFLICT (scope, operation, key) DO UPDATE
                SET fingerprint = EXCLUDED.fingerprint, sequence = EXCLUDED.sequence,
                    result = EXCLUDED.result, refusal = EXCLUDED.refusal, created_at = now();
