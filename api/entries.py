@@ -81,7 +81,9 @@ def register(app: QuartTrio) -> None:
     async def create_entry(ctx: Ctx) -> Response:
         assert ctx.principal is not None
         idem = idem_key(ctx, "create_entry")
-        outcome = await deps().entries.create(ctx.principal, ctx.json(), idem)
+        outcome = await deps().entries.create(
+            ctx.principal, ctx.json(), idem, members=ctx.members()
+        )
         _entry_headers(ctx, outcome)
         if outcome.refusal is None:
             ctx.extra_headers["Location"] = "/v1/entries/" + quote(ctx.json()["entryDid"], safe=":")
@@ -105,7 +107,9 @@ def register(app: QuartTrio) -> None:
     async def update_entry(ctx: Ctx, did: str) -> Response:
         assert ctx.principal is not None
         idem = idem_key(ctx, "update_entry")
-        outcome = await deps().entries.update(ctx.principal, did, ctx.json(), idem)
+        outcome = await deps().entries.update(
+            ctx.principal, did, ctx.json(), idem, members=ctx.members()
+        )
         _entry_headers(ctx, outcome)
         return respond(ctx, outcome, 200)
 

@@ -85,12 +85,24 @@ class Ctx:
     decision: Decision | None = None
     extra_headers: dict[str, str] = field(default_factory=dict)
     _parsed: Any = None
+    _members: dict[str, str] | None = None
 
     def json(self) -> Any:
         """The body under the I-JSON rules, parsed once."""
         if self._parsed is None:
             self._parsed = parse_json(self.body)
         return self._parsed
+
+    def members(self) -> dict[str, str] | None:
+        """The JCS text of each member of the body when it is a JSON object
+        (`canonical.canonical_members`), made once: the idempotency fingerprint and the entry
+        checks of one request share them. None when the body is not an object."""
+        if self._members is None:
+            data = self.json()
+            if not isinstance(data, dict):
+                return None
+            self._members = canonical.canonical_members(data)
+        return self._members
 
 
 def parse_json(body: bytes) -> Any:

@@ -39,7 +39,16 @@ def idem_key(ctx: Ctx, operation: str, *, scope: str | None = None) -> IdemKey:
 
 
 def fingerprint(method: str, path: str, ctx: Ctx) -> bytes:
-    canonical_body = canonical.canonicalize(ctx.json()) if ctx.body else b""
+    """SHA-256 over method, path and JCS of the body (empty without one). An object's JCS is
+    joined from its members' (`Ctx.members`), which the entry checks then reuse."""
+    canonical_body = b""
+    if ctx.body:
+        members = ctx.members()
+        canonical_body = (
+            canonical.canonicalize(ctx.json())
+            if members is None
+            else canonical.join_members(members).encode("utf-8")
+        )
     return hashlib.sha256(b"\0".join([method.encode(), path.encode(), canonical_body])).digest()
 
 

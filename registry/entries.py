@@ -80,12 +80,15 @@ class CheckedEntry:
         return lifecycle_of(self.doc)
 
 
-def check_entry(data: Any) -> CheckedEntry:
-    """Validate a parsed entry: every field of spec 2.1, the hash, the key and the signature."""
+def check_entry(data: Any, members: dict[str, str] | None = None) -> CheckedEntry:
+    """Validate a parsed entry: every field of spec 2.1, the hash, the key and the signature.
+
+    `members`: `canonical.canonical_members(data)` where the caller has made them already."""
     if not isinstance(data, dict):
         raise Invalid("the entry must be a JSON object", code="entry_invalid")
     model = validate_model(RegistryEntry, data, code="entry_invalid")
-    members = canonical.canonical_members(data)
+    if members is None:
+        members = canonical.canonical_members(data)
     verify_publisher(
         members,
         publisher_did=model.publisher_did,

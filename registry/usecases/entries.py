@@ -89,10 +89,20 @@ class Entries:
 
     # --- writes -------------------------------------------------------------------------
 
-    async def create(self, principal: Principal, data: Any, idem: IdemKey | None) -> Outcome:
+    async def create(
+        self,
+        principal: Principal,
+        data: Any,
+        idem: IdemKey | None,
+        *,
+        members: dict[str, str] | None = None,
+    ) -> Outcome:
+        """`members`: the JCS text of each member of `data` where the caller made them
+        (`canonical.canonical_members`: the API's fingerprint did); made here otherwise."""
+
         async def decide() -> Decided[str]:
             principal.require("entries.write")
-            entry = entry_rules.check_entry(data)
+            entry = entry_rules.check_entry(data, members)
             _check_publisher(principal, entry.publisher)
             if entry.lifecycle not in entry_rules.CREATE_STATES:
                 raise Invalid(
@@ -109,11 +119,19 @@ class Entries:
         return await self.written(outcome, did or "", previous=None)
 
     async def update(
-        self, principal: Principal, did: str, data: Any, idem: IdemKey | None
+        self,
+        principal: Principal,
+        did: str,
+        data: Any,
+        idem: IdemKey | None,
+        *,
+        members: dict[str, str] | None = None,
     ) -> Outcome:
+        """`members`: as for `create`."""
+
         async def decide() -> Decided[str]:
             principal.require("entries.write")
-            entry = entry_rules.check_entry(data)
+            entry = entry_rules.check_entry(data, members)
             if entry.did != did:
                 raise Invalid(
                     "entryDid in the body is not the DID in the path",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import uuid
 from typing import Any
@@ -9,6 +10,9 @@ from typing import Any
 import pytest
 import trio_asyncio
 
+from api.http import Ctx
+from api.idempotency import fingerprint
+from registry import canonical
 from registry.changes import IDEMPOTENCY_WINDOW_MS
 from registry.keys import SigningKey
 from tests.api.api_support import (
@@ -437,3 +441,30 @@ async def test_a_write_names_the_position_it_took_and_its_replay_the_same(
     r = await harness.client.post("/v1/entries", json=entry, headers=bearer(token, **key_header()))
     await error_of(r, 409, "entry_exists")
     assert "Registry-Sequence" not in r.headers  # a refusal took no position
+
+
+# --- the fingerprint ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"b": 1, "a": [1.5, 1e-7, "\\u00e9"], "\\ud83d\\ude00": {"z": null, "y": true},'
+        b' "\\u00e9": 2, "\\uff21": 3}',
+        b"[3, 2, 1]",
+        b'"text"',
+        b"{}",
+    ],
+)
+def test_the_fingerprint_is_sha256_of_method_path_and_jcs_of_the_body(body: bytes) -> None:
+    """Records written before stay comparable: an object's JCS joined from its members (which
+    the entry checks reuse) is the JCS of the whole body, member order by UTF-16 included."""
+    ctx = Ctx(request_id="r", body=body)
+    expected = hashlib.sha256(
+        b"POST\0/v1/entries\0" + canonical.canonicalize(json.loads(body))
+    ).digest()
+    assert fingerprint("POST", "/v1/entries", ctx) == expected
+    if body.startswith(b"{"):
+        assert ctx.members() == canonical.canonical_members(json.loads(body))
+    else:
+        assert ctx.members() is None
