@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from registry import canonical
 from registry.canonical import (
     MAX_DEPTH,
     MAX_SAFE_INTEGER,
@@ -455,3 +456,65 @@ def test_tuples_and_float_subclasses_take_the_same_rules_as_lists_and_floats() -
     assert canonicalize({"a": [_OddFloat(2.0), _OddFloat(0.25)]}) == b'{"a":[2,0.25]}'
     with pytest.raises(Invalid):
         canonicalize({"a": (1e-7, 2**60)})
+
+
+# --- the walk of the parsed tree, skipped where the text rules it out ---------------------------
+
+
+def _rule_or_value(parse: Any, raw: bytes | str) -> tuple[str, Any]:
+    try:
+        return ("value", parse(raw))
+    except Invalid as exc:
+        return ("rule", exc.details.get("rule", "malformed"))
+
+
+def _always_walked(raw: bytes | str) -> Any:
+    """parse_strict as it was: the decoder, then the walk of every parsed value."""
+    text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+    try:
+        value = canonical._DECODER.decode(text)
+        canonical._check_tree(value, 0)
+    except canonical._Rejected as exc:
+        raise Invalid(str(exc), code="invalid_json", details={"rule": exc.code}) from None
+    except json.JSONDecodeError:
+        raise Invalid("malformed", code="invalid_json", details={}) from None
+    return value
+
+
+_ANY_CHAR = st.characters(blacklist_categories=())  # surrogates and NUL included
+_TREES = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**53) + 1, 2**53 - 1) | st.text(_ANY_CHAR),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(_ANY_CHAR), inner),
+    max_leaves=20,
+)
+
+
+@given(_TREES, st.booleans())
+def test_parse_strict_refuses_exactly_what_the_walk_refuses(value: Any, ascii_only: bool) -> None:
+    text = json.dumps(value, ensure_ascii=ascii_only)
+    inputs: list[bytes | str] = [text]
+    if ascii_only or not any("\ud800" <= c <= "\udfff" for c in text):
+        inputs.append(text.encode("utf-8"))
+    for raw in inputs:
+        assert _rule_or_value(parse_strict, raw) == _rule_or_value(_always_walked, raw)
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        pytest.param('"a\ud800b"', ("rule", "lone_surrogate"), id="raw-surrogate-in-a-str"),
+        pytest.param('{"\udfff":1}', ("rule", "lone_surrogate"), id="raw-surrogate-member-name"),
+        pytest.param('["\\\\u0000"]', ("value", ["\\u0000"]), id="escaped-backslash-not-a-nul"),
+        pytest.param(
+            '["\\\\ud800"]', ("value", ["\\ud800"]), id="escaped-backslash-not-surrogate"
+        ),
+        pytest.param('"\\uD800"', ("rule", "lone_surrogate"), id="upper-case-escape"),
+        pytest.param('"\\u0000"', ("rule", "nul_character"), id="nul-escape"),
+        pytest.param('"\\ud7ff\\ue000"', ("value", "\ud7ff\ue000"), id="next-to-surrogates"),
+        pytest.param(
+            '["' + "[{" * MAX_DEPTH + '"]', ("value", ["[{" * MAX_DEPTH]), id="brackets-in-a-string"
+        ),
+    ],
+)
+def test_what_only_the_walk_can_tell_is_still_told(raw: str, expected: tuple[str, Any]) -> None:
+    assert _rule_or_value(parse_strict, raw) == expected
