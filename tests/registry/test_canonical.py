@@ -505,9 +505,7 @@ def test_parse_strict_refuses_exactly_what_the_walk_refuses(value: Any, ascii_on
         pytest.param('"a\ud800b"', ("rule", "lone_surrogate"), id="raw-surrogate-in-a-str"),
         pytest.param('{"\udfff":1}', ("rule", "lone_surrogate"), id="raw-surrogate-member-name"),
         pytest.param('["\\\\u0000"]', ("value", ["\\u0000"]), id="escaped-backslash-not-a-nul"),
-        pytest.param(
-            '["\\\\ud800"]', ("value", ["\\ud800"]), id="escaped-backslash-not-surrogate"
-        ),
+        pytest.param('["\\\\ud800"]', ("value", ["\\ud800"]), id="escaped-backslash-not-surrogate"),
         pytest.param('"\\uD800"', ("rule", "lone_surrogate"), id="upper-case-escape"),
         pytest.param('"\\u0000"', ("rule", "nul_character"), id="nul-escape"),
         pytest.param('"\\ud7ff\\ue000"', ("value", "\ud7ff\ue000"), id="next-to-surrogates"),
