@@ -31,6 +31,7 @@ import os
 import secrets
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -130,7 +131,14 @@ async def run(
         conns = [await asyncpg.connect(url, server_settings=settings) for _ in range(writers)]
         try:
             tag = secrets.token_hex(3)
-            warm = payloads_of([change_of(i, tag, minimal) for i in range(WARMUP)], 1)
+            warmup = [change_of(i, tag, minimal) for i in range(WARMUP)]
+            warm = payloads_of(warmup, 1)
+            # The warm-up's creates again under fresh keys: refused (entry_exists), so each
+            # new session plans the handler's path too; only their refusals are recorded.
+            again = payloads_of(
+                [(c, None if k is None else replace(k, key=k.key + "-again")) for c, k in warmup],
+                1,
+            )
             payloads = payloads_of(
                 [change_of(i, tag, minimal) for i in range(WARMUP, appends)], batch
             )
@@ -144,7 +152,7 @@ async def run(
                 await c.close()
             conns = [await asyncpg.connect(url, server_settings=settings) for _ in range(writers)]
             for c in conns:
-                for p in warm[:10]:  # replays of the warm-up: plans made, nothing written
+                for p in again[:10]:
                     await c.fetch(SQL, p, IDEMPOTENCY_WINDOW_MS)
             shares = [payloads[k::writers] for k in range(writers)]
             cpu0 = [await backend_cpu_seconds(c) for c in conns]

@@ -16,10 +16,12 @@ ALTER TABLE idempotency DROP CONSTRAINT idempotency_one_outcome;
 ALTER TABLE idempotency ADD CONSTRAINT idempotency_one_outcome
     CHECK ((result IS NULL OR refusal IS NULL)
            AND (result IS NOT NULL OR refusal IS NOT NULL OR sequence IS NOT NULL));
+-- EXECUTE: parsed when it runs, inside the handler (SET COMPRESSION is a syntax error before
+-- PostgreSQL 14, `feature_not_supported` on a server built without lz4).
 DO $$
 BEGIN
-    ALTER TABLE entry_versions ALTER COLUMN doc SET COMPRESSION lz4;
-    ALTER TABLE idempotency ALTER COLUMN result SET COMPRESSION lz4;
-EXCEPTION WHEN feature_not_supported THEN
+    EXECUTE 'ALTER TABLE entry_versions ALTER COLUMN doc SET COMPRESSION lz4';
+    EXECUTE 'ALTER TABLE idempotency ALTER COLUMN result SET COMPRESSION lz4';
+EXCEPTION WHEN feature_not_supported OR syntax_error THEN
     RAISE NOTICE 'lz4 is not supported by this server: documents stay compressed with pglz';
 END $$;

@@ -119,6 +119,12 @@ BEGIN
             ELSE
                 RAISE EXCEPTION 'append_changes: no handler %', c ->> 'handler';
         END CASE;
+        IF c ? 'idem' AND h.result IS NULL AND h.refusal IS NULL THEN
+            -- A keyed change's record holds its result or its refusal; a record with neither
+            -- stands for an entry version's document (below), so nothing else may look so.
+            RAISE EXCEPTION 'append_changes: % answered neither a result nor a refusal',
+                c ->> 'handler';
+        END IF;
         v_seq := NULL;
         IF h.refusal IS NOT NULL AND (v_staged[i]).inserted THEN
             DELETE FROM entry_search x WHERE x.entry_did = c ->> 'subject';
