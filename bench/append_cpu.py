@@ -40,11 +40,11 @@ import asyncpg
 
 from bench.entries import entry_for
 from registry.changes import IDEMPOTENCY_WINDOW_MS, Change, IdemKey
-from registry.entries import check_entry, sign_entry, stored_form
+from registry.entries import check_entry, sign_entry
 from registry.keys import SigningKey
 from registry.store.migrate import _migrate, load_migrations
 from registry.store.pg import SESSION_SETTINGS, append_payload
-from registry.usecases.entries import entry_change
+from registry.usecases.entries import entry_change, version_change
 
 WARMUP = 200
 KEY = SigningKey(bytes(32))
@@ -75,25 +75,7 @@ def change_of(i: int, tag: str, minimal: bool) -> tuple[Change, IdemKey | None]:
     else:
         # What the use-case appends for POST /v1/entries of bench/entries.py's signed entry.
         entry = check_entry(sign_entry(entry_for(did), KEY, created=AT))
-        form = stored_form(
-            entry.doc,
-            updated_at=AT,
-            signature_created=AT,
-            members=entry.members,
-            anchor_state="pending",
-        )
-        change = entry_change(
-            "entry.created",
-            did=did,
-            expected_head=None,
-            publisher=entry.publisher,
-            entry_type=entry.model.entry_type,
-            lifecycle=entry.lifecycle,
-            prefix=form.prefix,
-            suffix=form.suffix,
-            event={"name": entry.model.name, "version": entry.model.version},
-            item_data_hash=entry.model.item_data_hash,
-        )
+        change = version_change("entry.created", entry, expected_head=None, at=AT, anchoring=True)
     if minimal:
         return change, None
     # As POST /v1/entries: each create under its own Idempotency-Key.

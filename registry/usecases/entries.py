@@ -59,6 +59,37 @@ def entry_change(
     return Change(kind=kind, subject=did, rows=rows, event=data)
 
 
+def version_change(
+    kind: str,
+    entry: entry_rules.CheckedEntry,
+    *,
+    expected_head: int | None,
+    at: str,
+    anchoring: bool,
+) -> Change:
+    """The change that writes a checked entry as a new version at `at` (its stored form, its
+    event and, while anchoring is on, its anchor intent)."""
+    form = entry_rules.stored_form(
+        entry.doc,
+        updated_at=at,
+        signature_created=at,
+        members=entry.members,
+        anchor_state="pending" if anchoring else "unanchored",
+    )
+    return entry_change(
+        kind,
+        did=entry.did,
+        expected_head=expected_head,
+        publisher=entry.publisher,
+        entry_type=entry.model.entry_type,
+        lifecycle=entry.lifecycle,
+        prefix=form.prefix,
+        suffix=form.suffix,
+        event={"name": entry.model.name, "version": entry.model.version},
+        item_data_hash=entry.model.item_data_hash if anchoring else None,
+    )
+
+
 # The anchor intent operation of each kind of entry version (spec 2.3).
 OPERATIONS = {
     "entry.created": "create",
@@ -202,25 +233,12 @@ class Entries:
     def version_change(
         self, kind: str, entry: entry_rules.CheckedEntry, *, expected_head: int | None
     ) -> Change:
-        at = rfc3339(self.clock_ms())
-        form = entry_rules.stored_form(
-            entry.doc,
-            updated_at=at,
-            signature_created=at,
-            members=entry.members,
-            anchor_state="pending" if self.anchoring else "unanchored",
-        )
-        return entry_change(
+        return version_change(
             kind,
-            did=entry.did,
+            entry,
             expected_head=expected_head,
-            publisher=entry.publisher,
-            entry_type=entry.model.entry_type,
-            lifecycle=entry.lifecycle,
-            prefix=form.prefix,
-            suffix=form.suffix,
-            event={"name": entry.model.name, "version": entry.model.version},
-            item_data_hash=entry.model.item_data_hash if self.anchoring else None,
+            at=rfc3339(self.clock_ms()),
+            anchoring=self.anchoring,
         )
 
     async def written(self, outcome: Outcome, did: str, *, previous: str | None) -> Outcome:
