@@ -123,9 +123,13 @@ def test_a_log_rewritten_behind_a_peers_back_is_a_fork_its_witness_quarantines(
         lambda: (log_of(a, b, cluster.admin) or {}).get("treeSize", 0) >= entry["sequence"],
         DEADLINE,
     )
-    accepted = query(a.database_url, "SELECT note FROM peer_checkpoints")[0]["note"]
 
     # b's history rewritten whole: a record changed, the tree and its checkpoints rebuilt.
+    # a is stopped meanwhile: a log without checkpoints first signs the empty tree's (so there
+    # is always one), and a pull in between would see the log shrink, a fork too, but not the
+    # one this test is about.
+    cluster.stop("a")
+    accepted = query(a.database_url, "SELECT note FROM peer_checkpoints")[0]["note"]
     cluster.stop("b")
     query(
         b.database_url,
@@ -135,7 +139,16 @@ def test_a_log_rewritten_behind_a_peers_back_is_a_fork_its_witness_quarantines(
     query(b.database_url, "DELETE FROM log_checkpoints")
     query(b.database_url, "DELETE FROM log_tiles")
     cluster.start("b")
-    publish(b, SigningKey.generate(), 1)  # a's next pull sees a grown, rewritten log
+    [grown] = publish(b, SigningKey.generate(), 1)  # a's next pull sees a grown, rewritten log
+    cluster.wait_until(
+        "b signed its rebuilt log",
+        lambda: (
+            query(b.database_url, "SELECT max(tree_size) AS size FROM log_checkpoints")[0]["size"]
+            >= grown["sequence"]
+        ),
+        DEADLINE,
+    )
+    cluster.start("a")
 
     status = cluster.wait_until(
         "a finds b's log inconsistent",
