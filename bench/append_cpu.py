@@ -62,7 +62,7 @@ async def backend_cpu_seconds(conn: asyncpg.Connection) -> float:
 def change_of(i: int, tag: str, minimal: bool) -> tuple[Change, IdemKey | None]:
     did = f"did:web:bench.example:{tag}:{i}"
     if minimal:
-        change = entry_change(
+        minimal_change = entry_change(
             "entry.created",
             did=did,
             expected_head=None,
@@ -72,13 +72,11 @@ def change_of(i: int, tag: str, minimal: bool) -> tuple[Change, IdemKey | None]:
             prefix=f'{{"entryDid":"{did}","sequence":',
             suffix="}",
         )
-    else:
-        # What the use-case appends for POST /v1/entries of bench/entries.py's signed entry.
-        entry = check_entry(sign_entry(entry_for(did), KEY, created=AT))
-        change = version_change("entry.created", entry, expected_head=None, at=AT, anchoring=True)
-    if minimal:
-        return change, None
-    # As POST /v1/entries: each create under its own Idempotency-Key.
+        return minimal_change, None
+    # What the use-case appends for POST /v1/entries of bench/entries.py's signed entry, each
+    # create under its own Idempotency-Key.
+    entry = check_entry(sign_entry(entry_for(did), KEY, created=AT))
+    change = version_change("entry.created", entry, expected_head=None, at=AT, anchoring=True)
     key = f"bench-{tag}-{i}"
     return change, IdemKey("did:key:zBench", "create_entry", key, secrets.token_bytes(32))
 

@@ -84,10 +84,9 @@ BEGIN
                 IF (v_staged[i]).inserted THEN
                     DELETE FROM entry_search x WHERE x.entry_did = c ->> 'subject';
                 END IF;
-                IF r.result IS NULL AND r.refusal IS NULL THEN
-                    SELECT v.doc INTO r.result FROM entry_versions v WHERE v.seq = r.sequence;
-                END IF;
-                RETURN QUERY SELECT i, r.sequence, r.result, r.refusal, true, r.fingerprint;
+                RETURN QUERY SELECT i, r.sequence,
+                                    recorded_result(r.result, r.refusal, r.sequence),
+                                    r.refusal, true, r.fingerprint;
                 CONTINUE;
             END IF;
         END IF;
@@ -144,7 +143,8 @@ BEGIN
         END IF;
         IF c ? 'idem' AND (h.refusal IS NULL OR h.refusal ->> 'kind' <> 'Retry') THEN
             -- An applied entry version's result is its document, entry_versions.doc at v_seq:
-            -- the record names it by its sequence instead of holding a copy (migration 0022).
+            -- the record names it by its sequence instead of holding a copy (migration 0022;
+            -- recorded_result reads it back).
             INSERT INTO idempotency (scope, operation, key, fingerprint, sequence, result, refusal)
             VALUES (c #>> '{idem,scope}', c #>> '{idem,operation}', c #>> '{idem,key}', v_fp,
                     v_seq,

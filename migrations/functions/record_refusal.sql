@@ -19,12 +19,8 @@ BEGIN
         RETURN QUERY SELECT p_fp, NULL::bigint, NULL::text, p_refusal, false;
         RETURN;
     END IF;
-    -- An entry version's record names its document by its sequence (migration 0022).
     RETURN QUERY SELECT x.fingerprint, x.sequence,
-                        CASE WHEN x.result IS NULL AND x.refusal IS NULL
-                             THEN (SELECT v.doc FROM entry_versions v WHERE v.seq = x.sequence)
-                             ELSE x.result END,
-                        x.refusal, true
+                        recorded_result(x.result, x.refusal, x.sequence), x.refusal, true
                    FROM idempotency x
      WHERE x.scope = p_scope AND x.operation = p_op AND x.key = p_key;
 END $$;
