@@ -118,6 +118,11 @@ def condition_of(exc: BaseException) -> tuple[str, str] | None:
         | OSError,
     ):
         return CONDITIONS["08"]
+    if isinstance(exc, asyncpg.InterfaceError) and "connection is closed" in str(exc):
+        # The connection went away under a call that was not reading from it (a transaction's
+        # exit, a call on a connection already lost): asyncpg says so in this one class, whose
+        # other members are misuse (a bug).
+        return CONDITIONS["08"]
     return None
 
 

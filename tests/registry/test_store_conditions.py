@@ -34,6 +34,13 @@ E = asyncpg.exceptions
         (E.LockNotAvailableError("could not obtain lock"), "database_busy"),
         (E.InternalServerError("something else went wrong"), "database_unavailable"),
         (E.ConnectionDoesNotExistError("connection was closed"), "database_unavailable"),
+        (asyncpg.InterfaceError("connection is closed"), "database_unavailable"),
+        (
+            asyncpg.InterfaceError(
+                "cannot call Transaction.__aexit__(): the underlying connection is closed"
+            ),
+            "database_unavailable",
+        ),
         (E.PostgresConnectionError("connection failure"), "database_unavailable"),
         (ConnectionResetError("reset"), "database_unavailable"),
         (OSError("no route"), "database_unavailable"),
