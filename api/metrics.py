@@ -18,6 +18,13 @@ from prometheus_client.registry import Collector
 # Seconds: from a cached read (~1 ms) to a slow federated query (its budget is 3 s).
 DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 UNROUTED = "unrouted"  # the route label of a request no route matched
+# The method label: a client may send any token as a method (HTTP allows extension methods),
+# and each distinct label value is a series kept for the life of the process. Methods outside
+# the standard ones are counted as "other", so no client can grow the series without bound.
+METHODS = frozenset(
+    {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "CONNECT", "TRACE"}
+)
+OTHER_METHOD = "other"
 
 
 class Metrics:
@@ -45,9 +52,19 @@ class Metrics:
             ["route"],
             registry=self.registry,
         )
+        self._request_series: dict[tuple[str, str, str], Histogram] = {}
         ProcessCollector(registry=self.registry)
         for source in sources:
             self.registry.register(_Source(source))
+
+    def observe_request(self, route: str, method: str, status: int, seconds: float) -> None:
+        """Count one answered request. `route` is a route template or UNROUTED (a bounded set);
+        a method outside METHODS is counted as OTHER_METHOD."""
+        key = (route, method if method in METHODS else OTHER_METHOD, f"{status // 100}xx")
+        series = self._request_series.get(key)
+        if series is None:  # bounded: routes x methods x five status classes
+            series = self._request_series[key] = self.requests.labels(*key)
+        series.observe(seconds)
 
     def exposition(self) -> bytes:
         """The Prometheus text format of every metric now."""

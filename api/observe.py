@@ -43,7 +43,7 @@ def install(app: QuartTrio, metrics: Metrics, *, access_log: bool) -> None:
         route = request.url_rule.rule if request.url_rule is not None else UNROUTED
         status = response.status_code
         replayed = response.headers.get("Idempotent-Replayed") == "true"
-        metrics.requests.labels(route, request.method, f"{status // 100}xx").observe(seconds)
+        metrics.observe_request(route, request.method, status, seconds)
         if status == 429:
             metrics.rate_limited.labels(g.get("rate_class", "unknown")).inc()
         if replayed:

@@ -164,6 +164,32 @@ async def test_a_workload_shows_in_the_metrics_and_the_access_log(
     await with_harness(config, body)
 
 
+async def test_a_client_cannot_grow_the_series_with_methods_of_its_own(
+    database_url: str, tmp_path: Path
+) -> None:
+    """Any token is a method to HTTP; each would be a series kept for the life of the process.
+    Methods outside the standard ones are all counted as "other"."""
+    config = make_config(database_url, tmp_path, metrics={"open": True})
+
+    async def body(h: Harness) -> None:
+        client = anon_client(h)
+        for i in range(20):
+            assert (await client.open("/v1/entries", method=f"X{i}")).status_code == 405
+        assert (await client.open("/nowhere", method="PROPFIND")).status_code == 404
+        assert (await client.open("/v1/entries", method="DELETE")).status_code == 405
+        got = samples((await (await client.get("/metrics")).get_data()).decode())
+        counts = {
+            labels: value
+            for (name, labels), value in got.items()
+            if name == "registry_http_request_duration_seconds_count"
+        }
+        assert counts[(("method", "other"), ("route", "unrouted"), ("status", "4xx"))] == 21
+        assert counts[(("method", "DELETE"), ("route", "unrouted"), ("status", "4xx"))] == 1
+        assert {dict(labels)["method"] for labels in counts} <= {"other", "DELETE", "GET"}
+
+    await with_harness(config, body)
+
+
 async def test_the_anchoring_leader_reports_its_backlog_and_time_to_finality(
     database_url: str, tmp_path: Path
 ) -> None:
