@@ -20,6 +20,7 @@ from api import (
 )
 from api.errors import error_response
 from api.framing import with_framing_checks
+from api.headers import header
 from api.http import Deps, fresh_request_id, new_request_id
 from api.observe import install
 from registry.errors import Invalid, MethodNotAllowed, NotFound, RegistryError, TooLarge
@@ -61,6 +62,8 @@ def create_app(dependencies: Deps) -> QuartTrio:
                 f"no route for {request.path} on the metrics listener", code="route_not_found"
             )
 
+    min_sequence_header = MIN_SEQUENCE_HEADER.lower().encode()
+
     @app.before_request
     async def reads_may_lag_for_gets() -> None:
         # A GET may be answered by the read replica once it has replayed the client's floor
@@ -68,7 +71,7 @@ def create_app(dependencies: Deps) -> QuartTrio:
         # Set on every request, as a connection's requests may share a task.
         READ_FLOOR.set(None)
         if request.method in ("GET", "HEAD"):
-            value = request.headers.get(MIN_SEQUENCE_HEADER)
+            value = header(min_sequence_header)
             try:
                 READ_FLOOR.set(0 if value is None else parse_floor(value.strip()))
             except ValueError as exc:

@@ -10,6 +10,7 @@ from urllib.parse import quote
 from quart import Response, request
 from quart_trio import QuartTrio
 
+from api.headers import header
 from api.http import Ctx, deps, dumps, endpoint, json_response
 from api.idempotency import idem_key, respond
 from api.openapi import LIMIT, SEQUENCE_CURSOR, STR, documented, ok
@@ -149,7 +150,7 @@ def register(app: QuartTrio) -> None:
         origin = {} if served.origin is None else {"Registry-Origin": served.origin}
         if served.origin is not None:
             etag = f'"r{served.sequence}-{hashlib.sha256(served.origin.encode()).hexdigest()[:8]}"'
-        if _matches(request.headers.get("If-None-Match"), etag):
+        if _matches(header(b"if-none-match"), etag):
             response = Response(b"", status=304, headers={"ETag": etag, **origin})
             del response.headers["Content-Type"]
             return response

@@ -11,8 +11,9 @@ import logging
 import math
 from typing import Any
 
-from quart import Response, g, has_request_context, request
+from quart import Response, g, has_request_context
 
+from api.headers import header
 from registry.errors import RateLimited, RegistryError, Unavailable
 
 log = logging.getLogger("registry.api")
@@ -32,8 +33,8 @@ def body_unread() -> bool:
     operation takes none)."""
     if not has_request_context() or g.get("registry_body_read", False):
         return False
-    length = request.headers.get("Content-Length")
-    return bool(request.headers.get("Transfer-Encoding")) or (length is not None and length != "0")
+    length = header(b"content-length")
+    return bool(header(b"transfer-encoding")) or (length is not None and length != "0")
 
 
 def error_body(code: str, message: str, request_id: str, details: dict[str, Any] | None) -> str:

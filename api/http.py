@@ -18,11 +18,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import trio
-from quart import Response, current_app, g, has_request_context, request, websocket
+from quart import Response, current_app, g, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from actors.ratelimiter import RateLimiter
 from api.errors import body_unread, error_response, mark_body_read
+from api.headers import header
 from api.metrics import Metrics
 from registry import canonical
 from registry.caches import FollowedCache
@@ -120,8 +121,7 @@ def fresh_request_id() -> str:
 
 
 def new_request_id() -> str:
-    headers = request.headers if has_request_context() else websocket.headers
-    supplied = headers.get("X-Request-Id", "")
+    supplied = header(b"x-request-id")
     if supplied and _REQUEST_ID.match(supplied):
         return supplied
     return fresh_request_id()
@@ -129,16 +129,16 @@ def new_request_id() -> str:
 
 def client_address(config: Config) -> str:
     return client_of(
-        request.headers.get("X-Forwarded-For", ""),
+        header(b"x-forwarded-for") or "",
         request.remote_addr,
         config.server.trusted_proxies,
     )
 
 
 def bearer_token() -> str | None:
-    header = request.headers.get("Authorization")
-    if header:
-        scheme, _, token = header.partition(" ")
+    authorization = header(b"authorization")
+    if authorization:
+        scheme, _, token = authorization.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             raise Unauthorized("Authorization must be 'Bearer <token>'", code="session_invalid")
         return token.strip()
@@ -146,7 +146,7 @@ def bearer_token() -> str | None:
 
 
 async def read_body(limit: int) -> bytes:
-    declared = request.headers.get("Content-Length")
+    declared = header(b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise TooLarge(
             f"body exceeds the admission limit of {limit} bytes", details={"limitBytes": limit}
@@ -222,7 +222,7 @@ def endpoint(
             g.rate_class = klass  # what a 429 is counted under (api/observe.py)
             try:
                 limit = getattr(d.config.limits, body_limit) if body_limit else 0
-                declared = request.headers.get("Content-Length")
+                declared = header(b"content-length")
                 if body_limit and declared and declared.isdigit() and int(declared) > limit:
                     raise TooLarge(
                         f"body exceeds the admission limit of {limit} bytes",

@@ -13,6 +13,7 @@ import hashlib
 
 from quart import Response, request
 
+from api.headers import header
 from api.http import Ctx, json_response
 from registry import canonical
 from registry.changes import IdemKey, Outcome
@@ -20,13 +21,14 @@ from registry.errors import Invalid
 
 HEADER = "Idempotency-Key"
 SEQUENCE_HEADER = "Registry-Sequence"
+_HEADER_NAME = HEADER.lower().encode()
 
 
 def idem_key(ctx: Ctx, operation: str, *, scope: str | None = None) -> IdemKey:
     """The request's idempotency key (400 when the header is missing or malformed).
 
     Scope: the principal (or "anonymous") unless the operation names another."""
-    key = request.headers.get(HEADER)
+    key = header(_HEADER_NAME)
     if key is None or key == "":
         raise Invalid(f"the {HEADER} header is required", code="idempotency_key_required")
     if len(key) > 255 or not all("\x21" <= c <= "\x7e" for c in key):
