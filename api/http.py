@@ -23,7 +23,7 @@ from werkzeug.exceptions import RequestEntityTooLarge
 
 from actors.ratelimiter import RateLimiter
 from api.errors import body_unread, error_response, mark_body_read
-from api.headers import header
+from api.headers import header, header_lines
 from api.metrics import Metrics
 from registry import canonical
 from registry.caches import FollowedCache
@@ -129,7 +129,7 @@ def new_request_id() -> str:
 
 def client_address(config: Config) -> str:
     return client_of(
-        header(b"x-forwarded-for") or "",
+        header_lines(b"x-forwarded-for"),
         request.remote_addr,
         config.server.trusted_proxies,
     )

@@ -87,14 +87,15 @@ class Backoff:
         return base / 2 + base / 2 * min(max(draw, 0.0), 1.0)
 
 
+_LONGEST_ADDRESS = 64  # an IPv6 address's text is at most 45 characters, 64 with a zone
+
+
 @functools.lru_cache(maxsize=4096)  # asked on every request; parsing an address is ~3 µs
-def client_key(host: str) -> str:
-    """What a client is counted as: its IP address, or an IPv6 address's /64 (one host is
-    given a /64 and picks any address in it); an IPv4-mapped address as the IPv4 one."""
+def _address_key(host: str) -> str | None:
     try:
         address = ipaddress.ip_address(host)
     except ValueError:
-        return host
+        return None
     if isinstance(address, ipaddress.IPv6Address):
         if address.ipv4_mapped is not None:
             return str(address.ipv4_mapped)
@@ -102,12 +103,28 @@ def client_key(host: str) -> str:
     return str(address)
 
 
+def address_key(host: str) -> str | None:
+    """What a client at IP address `host` is counted as: the address, or an IPv6 address's /64
+    (one host is given a /64 and picks any address in it); an IPv4-mapped address as the IPv4
+    one. None when `host` is not an IP address."""
+    return _address_key(host) if len(host) <= _LONGEST_ADDRESS else None
+
+
+def client_key(host: str) -> str:
+    """`address_key` of a TCP peer; a peer that is not an IP address (a Unix socket) as is."""
+    return address_key(host) or host
+
+
 def client_of(forwarded_for: str, peer: str | None, trusted_proxies: int) -> str:
-    """The client a budget is kept for (`client_key`): the `trusted_proxies`-th address from the
-    right of `X-Forwarded-For` when that many proxies are trusted (and the header has that
-    many), else the TCP peer."""
+    """The client a budget is kept for: the `trusted_proxies`-th address from the right of
+    `X-Forwarded-For` (every line of it, in order: `forwarded_for`) when that many proxies are
+    trusted, the header has that many elements and that one is an IP address; else the TCP
+    peer. (An element that is not an address was not written by a proxy that is trusted: it is
+    never used as a key, so it can neither pick a budget nor reach the access log.)"""
     if trusted_proxies:
         forwarded = [p.strip() for p in forwarded_for.split(",") if p.strip()]
         if len(forwarded) >= trusted_proxies:
-            return client_key(forwarded[-trusted_proxies])
+            key = address_key(forwarded[-trusted_proxies])
+            if key is not None:
+                return key
     return client_key(peer) if peer else "unknown"

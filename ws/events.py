@@ -685,9 +685,12 @@ def _json(message: dict[str, Any]) -> str:
 
 def _client_address(trusted_proxies: int) -> str:
     """The client's address, as `api.http.client_address` reads it for HTTP requests."""
-    return client_of(
-        websocket.headers.get("X-Forwarded-For", ""), websocket.remote_addr, trusted_proxies
+    forwarded = ",".join(  # every line of the header, in order (RFC 9110 §5.3)
+        value.decode("latin-1")
+        for name, value in websocket.scope["headers"]
+        if name == b"x-forwarded-for"
     )
+    return client_of(forwarded, websocket.remote_addr, trusted_proxies)
 
 
 def _token(headers: Any, cookies: Any) -> str | None:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import trio
+from werkzeug.datastructures import Headers
 
 from registry.keys import SigningKey
 from tests.api.api_support import JSON, anon_client, create, error_of, with_harness
@@ -222,6 +223,41 @@ async def test_read_rate_limit_is_429_with_headers(database_url: str, tmp_path: 
             # An authenticated reader has a bucket of its own.
             r = await client.get("/v1/auth/session", headers=bearer(token))
             assert r.status_code == 200
+
+    await with_harness(config, body)
+
+
+async def test_behind_a_proxy_the_budget_is_the_address_the_proxy_wrote(
+    database_url: str, tmp_path: Path
+) -> None:
+    """With one trusted proxy, the budget is the last element of X-Forwarded-For, over every
+    line of the header in order (a proxy may add a line of its own after the client's): the
+    client cannot pick its budget with a line or an element of its own, and an element that is
+    not an address counts the request under the TCP peer."""
+    config = make_config(
+        database_url, tmp_path, server={"trusted_proxies": 1}, limits={"read_per_minute": 2}
+    )
+
+    def via_proxy(*lines: str) -> Headers:
+        return Headers([("X-Forwarded-For", line) for line in lines])
+
+    async def body(h: Harness) -> None:
+        client = anon_client(h)
+        with trio.fail_after(30):
+            for i in range(2):  # the client's own line differs each time; the proxy's does not
+                r = await client.get("/v1/health", headers=via_proxy(f"x{i} a=b", "203.0.113.7"))
+                assert r.status_code == 200
+            r = await client.get("/v1/health", headers=via_proxy("x9, 198.51.100.1", "203.0.113.7"))
+            await error_of(r, 429, "read_rate_limited")
+            r = await client.get("/v1/health", headers=via_proxy("203.0.113.8"))
+            assert r.status_code == 200  # another client's budget
+            for i in range(2):  # not an address: the peer's budget, whatever the text
+                r = await client.get("/v1/health", headers=via_proxy(f"203.0.113.7, bogus-{i}"))
+                assert r.status_code == 200
+            r = await client.get("/v1/health", headers=via_proxy("bogus-9"))
+            await error_of(r, 429, "read_rate_limited")
+            # 203.0.113.7, 203.0.113.8 and the peer: no text of a client became a key
+            assert h.deps.limiter.statistics()["buckets"] == 3
 
     await with_harness(config, body)
 
