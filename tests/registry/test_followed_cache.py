@@ -84,3 +84,19 @@ def test_local_drops_are_forgotten_once_followed_past_or_cleared() -> None:
     results.dropped_for(12)  # not caching: nothing to remember
     results.enabled = True
     assert not results.already_dropped(12)
+
+
+def test_a_discovery_page_weighs_its_query_as_well_as_its_answer() -> None:
+    """A client writes the query (up to the body limit), and the page keeps it: a large query
+    that matches nothing must not pass for a small page under `cache_mib`."""
+    from registry.query import Compare, RegistryQuery
+
+    results = ResultCache(1_000, max_bytes=100_000)
+    results.enabled = True
+    query = RegistryQuery(where=Compare("name", "=", "x" * 30_000))
+    results.put(repr(query), (query, "[]"), results.epoch)
+    assert results.bytes >= 3 * 30_000
+    for i in range(10):  # the byte bound holds: older pages go
+        query = RegistryQuery(where=Compare("name", "=", f"{i}" * 30_000))
+        results.put(repr(query), (query, "[]"), results.epoch)
+    assert results.bytes <= 100_000
