@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 
 PAGE = 500  # records per read of the log
 RING = 4096  # recent records kept for subscribers attaching slightly behind
+PRUNE_FLOOR = 64  # subscribers the actor keeps before an attach looks for ended ones
 
 
 class LogActorStore(LogStore, HealthStore, Protocol):
@@ -95,6 +96,11 @@ class Sink(Protocol):
         """The actor lost the log and dropped the sink: replay, then attach again."""
         ...
 
+    def gone(self) -> bool:
+        """Whether the subscriber has ended: the actor drops the sink without waiting for a
+        batch to offer it (a quiet log would otherwise keep every ended subscription)."""
+        ...
+
 
 @dataclass
 class _Subscriber:
@@ -135,11 +141,15 @@ class _QueueSink:
         self.dropped = "disconnected"
         self.queue.close()
 
+    def gone(self) -> bool:
+        return self.dropped is not None or self.queue.statistics().open_receive_channels == 0
+
 
 @dataclass
 class LogStats:
     head: int = 0
     subscribers: int = 0
+    attached: int = 0  # sinks made live, in all
     records_read: int = 0
     dropped_slow: int = 0
     connected: bool = False
@@ -305,6 +315,7 @@ class _State:
     ring: deque[LogRecord] = field(default_factory=lambda: deque(maxlen=RING))
     subscribers: list[_Subscriber] = field(default_factory=list)
     observers: Sequence[Callable[[Sequence[LogRecord]], None]] = ()
+    prune_at: int = PRUNE_FLOOR  # an attach that finds this many subscribers drops ended ones
 
 
 async def run_log(
@@ -394,6 +405,8 @@ async def _read(store: LogStore, state: _State, stats: LogStats) -> None:
             state.ring.append(record)
         if records:
             _fan_out(state, stats, records)
+        else:  # a quiet log (the poll, at least): no batch drops the ended sinks
+            _prune(state, stats)
         stats.head = state.head
         stats.records_read += len(records)
         if len(records) < PAGE:
@@ -424,7 +437,17 @@ def _fan_out(state: _State, stats: LogStats, records: Sequence[LogRecord]) -> No
     stats.subscribers = len(kept)
 
 
+def _prune(state: _State, stats: LogStats) -> None:
+    state.subscribers = [s for s in state.subscribers if not s.sink.gone()]
+    stats.subscribers = len(state.subscribers)
+    state.prune_at = max(PRUNE_FLOOR, 2 * len(state.subscribers))
+
+
 def _attach(state: _State, stats: LogStats, request: _Attach) -> None:
+    if len(state.subscribers) >= state.prune_at:
+        # Subscriptions may end many times a second while nothing is written: the list stays
+        # within twice the live ones (and PRUNE_FLOOR), at a scan per doubling.
+        _prune(state, stats)
     subscriber = request.subscriber
     sink = subscriber.sink
     if request.after < state.head:
@@ -445,6 +468,7 @@ def _attach(state: _State, stats: LogStats, request: _Attach) -> None:
         return
     state.subscribers.append(subscriber)
     stats.subscribers = len(state.subscribers)
+    stats.attached += 1
 
 
 def _reply(request: _Attach, attached: bool) -> bool:

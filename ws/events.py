@@ -615,8 +615,12 @@ class EventSink:
         self._wake.set()
 
     def end(self) -> None:
-        """The subscription is over: the actor drops the sink at its next batch."""
+        """The subscription is over: the actor drops the sink at its next batch, its next
+        quiet read of the log or an attach (`gone`), whichever comes first."""
         self._closed = True
+
+    def gone(self) -> bool:
+        return self._closed or self.ended is not None or self.connection._closed
 
     async def wait(self) -> None:
         """Until the actor has something for the subscription's task."""

@@ -380,6 +380,9 @@ async def test_observers_see_every_batch_before_any_sink(
         def disconnected(self) -> None:
             raise AssertionError("not in this test")
 
+        def gone(self) -> bool:
+            return False
+
     async with trio.open_nursery() as nursery:
         logs: LogHandle = await nursery.start(
             partial(run_log, store, observers=[lambda rs: observed.extend(r.seq for r in rs)])
@@ -418,3 +421,43 @@ async def test_a_replay_shows_records_the_actor_has_not_read_to_the_observers_fi
             assert observed[:2] == [1, 2]  # shown by the replay, not yet read by the actor
             assert logs.statistics().head == 1
         nursery.cancel_scope.cancel()
+
+
+class _Ending:
+    """A sink whose subscriber ends when the test says so."""
+
+    capacity = 16
+
+    def __init__(self) -> None:
+        self.over = False
+
+    def deliver(self, batch: log_actor.Batch) -> log_actor.Delivery:
+        return "gone" if self.over else "ok"
+
+    def disconnected(self) -> None:
+        raise AssertionError("not in this test")
+
+    def gone(self) -> bool:
+        return self.over
+
+
+async def test_ended_subscriptions_are_dropped_while_nothing_is_written(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # A client may subscribe and end many times a second on a quiet log: no batch comes to
+    # drop the ended sinks, so an attach and the poll do (each sink holds its socket).
+    store = MemoryStore()
+    async with open_log(store, poll_seconds=5.0) as logs:
+        live = _Ending()
+        assert await logs.attach(0, live)
+        for _ in range(1000):
+            ending = _Ending()
+            assert await logs.attach(0, ending)
+            ending.over = True
+            assert logs.statistics().subscribers <= 2 + log_actor.PRUNE_FLOOR
+        await trio.sleep(5.5)  # the poll reads nothing, and drops every ended sink
+        assert logs.statistics().subscribers == 1
+        await fill(store, 2)
+        await trio.testing.wait_all_tasks_blocked()
+        assert logs.statistics().subscribers == 1  # the live one is still delivered to
+        assert logs.statistics().head == 2

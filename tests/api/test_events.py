@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -292,3 +293,37 @@ async def test_an_unknown_websocket_path_is_a_clean_404(
     body = json.loads(await response.get_data())
     assert body["error"]["code"] == "route_not_found"
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+async def test_subscriptions_that_end_on_a_quiet_log_leave_no_trace(
+    database_url: str, tmp_path: Path
+) -> None:
+    """Each subscription holds its socket's state in the log actor until it is dropped. With
+    nothing written, no batch comes to drop the ended ones: re-subscribing and closing sockets
+    must not pile them up."""
+    config = make_config(database_url, tmp_path, events={"poll_seconds": 0.2})
+
+    async def until(condition: Callable[[], bool]) -> bool:
+        with trio.move_on_after(DEADLINE):
+            while True:
+                if condition():
+                    return True
+                await trio.sleep(0.01)
+        return False
+
+    async def body(h: Harness) -> None:
+        logs = h.service.logs
+        client = anon_client(h)
+        before = logs.statistics().subscribers  # the process's own followers (the caches)
+        start = await head(h)  # the database may hold other tests' entries
+        for _ in range(3):
+            async with client.websocket("/v1/events") as ws:
+                for _ in range(30):  # each subscribe ends the one before it
+                    attached = logs.statistics().attached
+                    await subscribe(ws, fromSequence=start, kinds=["entry.created"])
+                    # live: the actor holds its sink
+                    assert await until(lambda n=attached: logs.statistics().attached > n)
+        assert await until(lambda: logs.statistics().subscribers == before), logs.statistics()
+        assert await head(h) == start  # nothing was written: the quiet log dropped them
+
+    await with_harness(config, body)
