@@ -15,7 +15,7 @@ def register(app: QuartTrio) -> None:
     # --- attestations ----------------------------------------------------------------------
 
     @app.post("/v1/attestations")
-    @endpoint("write", auth="required", body_limit="entry_body_bytes")
+    @endpoint("write", auth="required", body_limit="small_body_bytes")
     @documented(
         "Attest an entry with a Verifiable Credential (eddsa-jcs-2022)",
         ok={"201": ok("Attestation")},
@@ -23,7 +23,8 @@ def register(app: QuartTrio) -> None:
             "400": "the credential or its proof does not verify, or its subject is not entryDid",
             "403": "issuer is not the session principal, or attest capability missing",
             "404": "entry not found",
-            "409": "this credential is already attested on the entry",
+            "409": "this credential is already attested on the entry, or the entry has"
+            " limits.attestations_per_entry active attestations",
         },
         body="AttestationRequest",
         idempotent=True,

@@ -374,6 +374,18 @@ def _apply_records(
             r.uniq == uniq and key[0] == p["kind"] and key not in ids for key, r in records.items()
         ):
             return None, Refusal.from_json(p["duplicate"])
+        cap = p.get("cap")
+        if cap is not None:
+            active = [
+                r.row
+                for key, r in records.items()
+                if key[0] == p["kind"]
+                and r.row.entry_did == p["entryDid"]
+                and r.row.status == "active"
+                and (r.row.expires_ms is None or r.row.expires_ms > int(cap["nowMs"]))
+            ]
+            if len(active) >= int(cap["count"]):
+                return None, Refusal.from_json(cap["refusal"])
     result: str | None = rows.get("result")
     if "entry" in rows:
         doc, refusal = _apply_entry_version(tx, seq, subject, rows["entry"])

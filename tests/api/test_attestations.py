@@ -592,3 +592,41 @@ async def test_a_revoked_credential_cannot_be_attested_again(world: World) -> No
     r = await submit(w, vc)
     await error_of(r, 409, "attestation_exists")
     assert await shown(w) == []
+
+
+# --- bounds --------------------------------------------------------------------------------------
+
+
+async def test_an_entry_takes_at_most_the_configured_active_attestations(
+    database_url: str, tmp_path: Path
+) -> None:
+    """Anyone with `attest` may attest any entry, and every GET of the entry serves them all:
+    `limits.attestations_per_entry` bounds the active, unexpired ones (revoked and expired
+    ones make room), and a credential is at most `limits.small_body_bytes`."""
+    config = make_config(database_url, tmp_path, limits={"attestations_per_entry": 3})
+
+    async def body(h: Harness) -> None:
+        keys = [SigningKey.generate() for _ in range(3)]
+        owner_t, issuer_t, other_t = [await sign_in(h.client, k) for k in keys]
+        w = World(h, keys[0], owner_t, keys[1], issuer_t, keys[2], other_t, {})
+        w.entry = await create(h, w.owner, owner_t)
+        soon = datetime.now(UTC).replace(microsecond=0) + HOUR
+        first = await attest(w)
+        await attest(w, credential(w, valid_until=soon))  # expires within the hour
+        await attest(w)
+        full = await submit(w, credential(w, key=w.other), token=w.other_t)
+        error = await error_of(full, 409, "attestation_limit_reached")
+        assert error["details"] == {"entryDid": w.did, "limit": 3}
+        assert len(await shown(w)) == 3
+        assert (await revoke(w, first["attestationId"])).status_code == 200
+        room = await submit(w, credential(w, key=w.other), token=w.other_t)
+        assert room.status_code == 201  # a revoked one made room
+        await error_of(await submit(w, credential(w)), 409, "attestation_limit_reached")
+        later = int((soon + HOUR).timestamp() * 1000)
+        with clock(h.deps.attestations, later):  # the expired one no longer counts
+            await attest(w, credential(w, valid_until=soon + 2 * HOUR))
+            await error_of(await submit(w, credential(w)), 409, "attestation_limit_reached")
+        big = credential(w, claims={"blob": "x" * (64 * 1024)})
+        await error_of(await submit(w, big), 413, "body_too_large")
+
+    await with_harness(config, body)

@@ -839,3 +839,36 @@ async def test_a_bond_with_a_trailing_newline_in_a_field_is_refused(
     code = "invalid_amount" if field == "amount" else "bond_invalid"
     assert refused(outcome, Invalid, code) == {"field": field}
     assert await w.store.log_head() == head
+
+
+async def test_the_in_memory_store_caps_active_attestations_as_postgresql_does(
+    w: World, autojump_clock: trio.testing.MockClock
+) -> None:
+    limits = w.entries.config.limits.model_copy(update={"attestations_per_entry": 2})
+    config = w.entries.config.model_copy(update={"limits": limits})
+    attestations = Attestations(
+        store=w.store,
+        changes=w.attestations.changes,
+        entries=w.entries,
+        config=config,
+        clock_ms=clock_ms,
+    )
+    owner = party("entries.write")
+    did, _ = await publish(w, owner)
+    now = datetime.fromtimestamp(clock_ms() / 1000, UTC)
+
+    async def attest(issuer: Party, until: datetime) -> Outcome:
+        vc = issue_credential(issuer.key, subject_id=did, valid_until=until, created=now)
+        body = {"attestation": vc, "entryDid": did}
+        return await attestations.create(issuer.principal, body, None)
+
+    assert (await attest(party("attest"), now + timedelta(hours=1))).refusal is None
+    assert (await attest(party("attest"), now + timedelta(days=30))).refusal is None
+    full = await attest(party("attest"), now + timedelta(days=30))
+    assert full.refusal is not None
+    assert full.refusal.code == "attestation_limit_reached"
+    await until_ms(clock_ms() + 2 * 3600 * 1000)  # the first has expired: room for one
+    assert (await attest(party("attest"), now + timedelta(days=30))).refusal is None
+    again = await attest(party("attest"), now + timedelta(days=30))
+    assert again.refusal is not None
+    assert again.refusal.code == "attestation_limit_reached"
