@@ -193,6 +193,10 @@ async def _drain(limit: int, ctx: Ctx) -> None:
         mark_body_read()
 
 
+# The classes whose every request also spends a budget of its client address, and its name.
+_BY_ADDRESS = {"write": "write_address", "query": "query_address"}
+
+
 def rate_headers(decision: Decision, headers: Any) -> None:
     headers["RateLimit-Limit"] = str(decision.limit)
     headers["RateLimit-Remaining"] = str(decision.remaining)
@@ -248,17 +252,19 @@ def endpoint(
                     elif auth == "required":
                         raise Unauthorized("a session is required", code="session_missing")
                 address = client_address(d.config)
-                if klass == "write":
-                    # Keys cost nothing to make: every write also spends its client address's
-                    # budget, so signing in as new keys never buys an address more writes.
-                    by_address = d.limiter.acquire("write_address", address)
+                address_class = _BY_ADDRESS.get(klass)
+                if address_class is not None:
+                    # Keys cost nothing to make: every write and query also spends its client
+                    # address's budget, so signing in as new keys never buys an address more
+                    # of them (a federated query costs every peer a query).
+                    by_address = d.limiter.acquire(address_class, address)
                     if not by_address.allowed:
-                        g.rate_class = "write_address"
+                        g.rate_class = address_class
                         raise RateLimited(
-                            "write rate limit exceeded for this client address",
+                            f"{klass} rate limit exceeded for this client address",
                             retry_after=by_address.retry_after,
                             limit=by_address.limit,
-                            code="write_rate_limited",
+                            code=f"{klass}_rate_limited",
                         )
                 client = ctx.principal.did if ctx.principal else address
                 ctx.decision = d.limiter.acquire(klass, client)

@@ -133,6 +133,8 @@ class LimitsConfig(_Section):
     # All writes from one client address, whoever signed them (keys are free to make).
     write_per_minute_per_address: Annotated[int, Field(ge=1)] = 240
     query_per_minute: Annotated[int, Field(ge=1)] = 300
+    # All queries from one client address, whoever signed them (a federated query fans out).
+    query_per_minute_per_address: Annotated[int, Field(ge=1)] = 600
     max_page_size: Annotated[int, Field(ge=1, le=1000)] = 100
     default_page_size: Annotated[int, Field(ge=1, le=1000)] = DEFAULT_PAGE_SIZE
     entry_body_bytes: Annotated[int, Field(ge=1024)] = 1024 * 1024

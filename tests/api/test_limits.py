@@ -384,3 +384,28 @@ async def test_new_keys_never_buy_an_address_more_writes(database_url: str, tmp_
             await error_of(r, 429, "write_rate_limited")  # nor can it sign in a new key
 
     await with_harness(config, body)
+
+
+async def test_new_keys_never_buy_an_address_more_queries(
+    database_url: str, tmp_path: Path
+) -> None:
+    """Federated discovery is keyed by its principal, and each one costs every peer a query:
+    every query from an address also spends the address's `query_per_minute_per_address`."""
+    config = make_config(
+        database_url, tmp_path, limits={"query_per_minute": 100, "query_per_minute_per_address": 3}
+    )
+    query = {"entryType": "AgentDefinition"}
+
+    async def body(h: Harness) -> None:
+        with trio.fail_after(30):
+            tokens = [await sign_in(anon_client(h), SigningKey.generate()) for _ in range(2)]
+            for token in (tokens[0], tokens[0], tokens[1]):
+                r = await h.client.post("/v1/discover/federated", json=query, headers=bearer(token))
+                assert r.status_code == 200, await r.get_data()
+            r = await h.client.post("/v1/discover/federated", json=query, headers=bearer(tokens[1]))
+            error = await error_of(r, 429, "query_rate_limited")
+            assert error["details"]["retryAfterSeconds"] > 0
+            r = await anon_client(h).post("/v1/discover", json=query)
+            await error_of(r, 429, "query_rate_limited")  # the address's budget is spent
+
+    await with_harness(config, body)
