@@ -23,8 +23,7 @@ def register(app: QuartTrio) -> None:
             "400": "the credential or its proof does not verify, or its subject is not entryDid",
             "403": "issuer is not the session principal, or attest capability missing",
             "404": "entry not found",
-            "409": "this credential is already attested on the entry, or the entry has"
-            " limits.attestations_per_entry active attestations",
+            "409": "this credential is already attested on the entry",
         },
         body="AttestationRequest",
         idempotent=True,

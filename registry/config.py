@@ -141,9 +141,6 @@ class LimitsConfig(_Section):
     query_body_bytes: Annotated[int, Field(ge=1024)] = 64 * 1024
     federation_body_bytes: Annotated[int, Field(ge=1024)] = 4 * 1024 * 1024
     small_body_bytes: Annotated[int, Field(ge=1024)] = 64 * 1024
-    # Active, unexpired attestations one entry may have: GET /v1/entries/{did} serves them all
-    # (each credential is at most small_body_bytes), and anyone with `attest` may add one.
-    attestations_per_entry: Annotated[int, Field(ge=1, le=10_000)] = 50
     discover_cache_entries: Annotated[int, Field(ge=0, le=100_000)] = 2000  # 0: no result cache
     cache_mib: Annotated[int, Field(ge=1, le=65536)] = 4  # each of the entry and page caches
     # Divide every per-minute limit by the processes serving from the database (counted every

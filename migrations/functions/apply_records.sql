@@ -1,8 +1,6 @@
 -- rows: {puts: [put...], requireEntry?: did, entry?: <apply_entry_version rows>, result?: text}
 -- put: {kind, id, expectedVersion (null: a new record), entryDid, ownerDid, status, expiresAtMs,
---       uniq, doc, exists: refusal (a new record whose id exists), duplicate: refusal (uniq taken),
---       cap?: {count, nowMs, refusal} (a new record when `count` records of its kind about its
---       entry are active and unexpired at nowMs; exact, as changes apply one at a time)}
+--       uniq, doc, exists: refusal (a new record whose id exists), duplicate: refusal (uniq taken)}
 -- The result is `result`, else the entry version's document.
 CREATE OR REPLACE FUNCTION apply_records(p_seq bigint, p_subject text, p_rows jsonb)
 RETURNS TABLE (result text, refusal jsonb)
@@ -43,16 +41,6 @@ BEGIN
              WHERE r.kind = p ->> 'kind' AND r.uniq = p ->> 'uniq'
                AND NOT (r.kind || ' ' || r.id = ANY (v_ids))) THEN
             RETURN QUERY SELECT NULL::text, p -> 'duplicate';
-            RETURN;
-        END IF;
-        IF p ? 'cap' AND (
-            SELECT count(*) FROM records r
-             WHERE r.kind = p ->> 'kind' AND r.entry_did = p ->> 'entryDid'
-               AND r.status = 'active'
-               AND (r.expires_at IS NULL
-                    OR r.expires_at > to_timestamp((p #>> '{cap,nowMs}')::bigint / 1000.0))
-        ) >= (p #>> '{cap,count}')::integer THEN
-            RETURN QUERY SELECT NULL::text, p #> '{cap,refusal}';
             RETURN;
         END IF;
     END LOOP;

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from registry.query import RegistryQuery
 
 __all__ = [
+    "INLINE_ATTESTATIONS",
     "AnchorStore",
     "Change",
     "DiscoveryStore",
@@ -47,6 +48,12 @@ __all__ = [
 ]
 
 
+# The most attestations an entry serves in `verifiableAttestations`: anyone with `attest` may
+# attest any entry, and every GET of it serves them (all are listed, paged, at
+# /v1/entries/{did}/attestations). The oldest first, so new ones never displace those served.
+INLINE_ATTESTATIONS = 50
+
+
 @dataclass(frozen=True)
 class EntryHead:
     entry_did: str
@@ -54,7 +61,8 @@ class EntryHead:
     publisher_did: str
     lifecycle: str
     doc: str
-    # The entry's unrevoked attestations: (expiry in ms or None, attestation record JSON).
+    # The entry's first INLINE_ATTESTATIONS unrevoked attestations unexpired when it was read,
+    # oldest first: (expiry in ms or None, attestation record JSON).
     attestations: tuple[tuple[int | None, str], ...] = ()
     # The state of the head version's anchor intent (None: it has none).
     anchor_state: str | None = None

@@ -46,6 +46,7 @@ from registry.changes import (
 )
 from registry.errors import Unavailable
 from registry.store import (
+    INLINE_ATTESTATIONS,
     AnchoringOverview,
     EntryHead,
     IntentRow,
@@ -374,18 +375,6 @@ def _apply_records(
             r.uniq == uniq and key[0] == p["kind"] and key not in ids for key, r in records.items()
         ):
             return None, Refusal.from_json(p["duplicate"])
-        cap = p.get("cap")
-        if cap is not None:
-            active = [
-                r.row
-                for key, r in records.items()
-                if key[0] == p["kind"]
-                and r.row.entry_did == p["entryDid"]
-                and r.row.status == "active"
-                and (r.row.expires_ms is None or r.row.expires_ms > int(cap["nowMs"]))
-            ]
-            if len(active) >= int(cap["count"]):
-                return None, Refusal.from_json(cap["refusal"])
     result: str | None = rows.get("result")
     if "entry" in rows:
         doc, refusal = _apply_entry_version(tx, seq, subject, rows["entry"])
@@ -790,6 +779,7 @@ class MemoryStore:
         if entry is None:
             return None
         doc = self._tables.versions[entry.head_seq].doc
+        now = self.clock_ms()
         attested = sorted(
             (
                 r.row
@@ -797,9 +787,10 @@ class MemoryStore:
                 if r.row.kind == "attestation"
                 and r.row.entry_did == entry_did
                 and r.row.status == "active"
+                and (r.row.expires_ms is None or r.row.expires_ms > now)
             ),
             key=lambda row: row.created_seq,
-        )
+        )[:INLINE_ATTESTATIONS]
         return EntryHead(
             entry_did,
             entry.head_seq,

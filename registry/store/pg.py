@@ -38,6 +38,7 @@ from registry.changes import (
 from registry.errors import Invalid, Unavailable
 from registry.query import RegistryQuery
 from registry.store import (
+    INLINE_ATTESTATIONS,
     AnchoringOverview,
     EntryHead,
     IntentRow,
@@ -393,14 +394,17 @@ class PgStore:
             "SELECT e.head_seq, e.publisher_did, e.lifecycle, v.doc,"
             " ARRAY(SELECT (extract(epoch FROM r.expires_at) * 1000)::bigint FROM records r"
             "       WHERE r.kind = 'attestation' AND r.entry_did = $1 AND r.status = 'active'"
-            "       ORDER BY r.created_seq) AS expiries,"
+            "         AND (r.expires_at IS NULL OR r.expires_at > now())"
+            "       ORDER BY r.created_seq LIMIT $2) AS expiries,"
             " ARRAY(SELECT r.doc FROM records r"
             "       WHERE r.kind = 'attestation' AND r.entry_did = $1 AND r.status = 'active'"
-            "       ORDER BY r.created_seq) AS attestations,"
+            "         AND (r.expires_at IS NULL OR r.expires_at > now())"
+            "       ORDER BY r.created_seq LIMIT $2) AS attestations,"
             " (SELECT a.state FROM anchor_intents a WHERE a.sequence = e.head_seq) AS anchor_state"
             " FROM entries AS e"
             " JOIN entry_versions AS v ON v.seq = e.head_seq WHERE e.entry_did = $1",
             entry_did,
+            INLINE_ATTESTATIONS,
         )
         if row is None:
             return None

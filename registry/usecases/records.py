@@ -71,12 +71,10 @@ def put(
     uniq: str | None = None,
     exists: RegistryError | None = None,
     duplicate: Refusal | RegistryError | None = None,
-    cap: tuple[int, int, RegistryError] | None = None,
 ) -> dict[str, Any]:
     """One record write of `apply_records`: a new record (`based_on` None) or the next version
     of `based_on`. `exists` refuses a new record whose id is taken; `duplicate` a `uniq` claim
-    that another record holds; `cap` (count, now in ms, refusal) a new record when `count`
-    records of its kind about its entry are active and unexpired at that time."""
+    that another record holds."""
     item: dict[str, Any] = {
         "kind": kind,
         "id": record_id,
@@ -93,9 +91,6 @@ def put(
     if duplicate is not None:
         refusal = duplicate if isinstance(duplicate, Refusal) else Refusal.of(duplicate)
         item["duplicate"] = refusal.to_json()
-    if cap is not None:
-        count, now, full = cap
-        item["cap"] = {"count": count, "nowMs": now, "refusal": Refusal.of(full).to_json()}
     return item
 
 

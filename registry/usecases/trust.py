@@ -118,13 +118,6 @@ class Attestations(RecordUseCase):
                 doc["expiresAt"] = _iso(verified.valid_until)
                 expires_ms = int(verified.valid_until.timestamp() * 1000)
             digest = sha256_hex(canonicalize(credential))
-            limit = self.config.limits.attestations_per_entry
-            full = Conflict(
-                f"the entry has {limit} active attestations, the most it may have;"
-                " one must be revoked or expire first",
-                code="attestation_limit_reached",
-                details={"entryDid": entry_did, "limit": limit},
-            )
             change = Change(
                 "attestation.created",
                 entry_did,
@@ -146,7 +139,6 @@ class Attestations(RecordUseCase):
                                 code="attestation_exists",
                                 details={"entryDid": entry_did},
                             ),
-                            cap=(limit, now, full),
                         )
                     ],
                     "result": render(doc),

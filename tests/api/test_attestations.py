@@ -20,6 +20,7 @@ import trio
 
 from registry.keys import SigningKey
 from registry.models import parse_datetime
+from registry.store import INLINE_ATTESTATIONS
 from registry.usecases.common import now_ms
 from registry.vc import VC_V2_CONTEXT, add_proof, format_datetime, issue_credential
 from tests.api.api_support import JSON, RFC3339, anon_client, create, error_of, with_harness
@@ -90,8 +91,10 @@ async def submit(
     return await w.h.client.post("/v1/attestations", json=body, headers=headers)
 
 
-async def attest(w: World, vc: dict[str, Any] | None = None) -> dict[str, Any]:
-    r = await submit(w, vc or credential(w))
+async def attest(
+    w: World, vc: dict[str, Any] | None = None, *, token: str | None = None
+) -> dict[str, Any]:
+    r = await submit(w, vc or credential(w), token=token)
     assert r.status_code == 201, await r.get_data()
     return dict(await r.get_json())
 
@@ -597,36 +600,29 @@ async def test_a_revoked_credential_cannot_be_attested_again(world: World) -> No
 # --- bounds --------------------------------------------------------------------------------------
 
 
-async def test_an_entry_takes_at_most_the_configured_active_attestations(
-    database_url: str, tmp_path: Path
+async def test_an_entry_serves_its_oldest_unexpired_attestations_up_to_the_bound(
+    world: World,
 ) -> None:
-    """Anyone with `attest` may attest any entry, and every GET of the entry serves them all:
-    `limits.attestations_per_entry` bounds the active, unexpired ones (revoked and expired
-    ones make room), and a credential is at most `limits.small_body_bytes`."""
-    config = make_config(database_url, tmp_path, limits={"attestations_per_entry": 3})
-
-    async def body(h: Harness) -> None:
-        keys = [SigningKey.generate() for _ in range(3)]
-        owner_t, issuer_t, other_t = [await sign_in(h.client, k) for k in keys]
-        w = World(h, keys[0], owner_t, keys[1], issuer_t, keys[2], other_t, {})
-        w.entry = await create(h, w.owner, owner_t)
-        soon = datetime.now(UTC).replace(microsecond=0) + HOUR
-        first = await attest(w)
-        await attest(w, credential(w, valid_until=soon))  # expires within the hour
-        await attest(w)
-        full = await submit(w, credential(w, key=w.other), token=w.other_t)
-        error = await error_of(full, 409, "attestation_limit_reached")
-        assert error["details"] == {"entryDid": w.did, "limit": 3}
-        assert len(await shown(w)) == 3
-        assert (await revoke(w, first["attestationId"])).status_code == 200
-        room = await submit(w, credential(w, key=w.other), token=w.other_t)
-        assert room.status_code == 201  # a revoked one made room
-        await error_of(await submit(w, credential(w)), 409, "attestation_limit_reached")
-        later = int((soon + HOUR).timestamp() * 1000)
-        with clock(h.deps.attestations, later):  # the expired one no longer counts
-            await attest(w, credential(w, valid_until=soon + 2 * HOUR))
-            await error_of(await submit(w, credential(w)), 409, "attestation_limit_reached")
-        big = credential(w, claims={"blob": "x" * (64 * 1024)})
-        await error_of(await submit(w, big), 413, "body_too_large")
-
-    await with_harness(config, body)
+    """Anyone with `attest` may attest any entry, and every GET serves them: the entry serves
+    the oldest INLINE_ATTESTATIONS active, unexpired ones (new ones never displace them), and
+    lists them all at /attestations. A credential is at most `limits.small_body_bytes`."""
+    w = world
+    past = datetime.now(UTC).replace(microsecond=0) - 3 * HOUR
+    with clock(w.h.deps.attestations, int((past + HOUR).timestamp() * 1000)):
+        expired = await attest(w, credential(w, valid_from=past, valid_until=past + 2 * HOUR))
+    issuers = [(w.issuer, w.issuer_t), (w.other, w.other_t)] * INLINE_ATTESTATIONS
+    made = [
+        await attest(w, credential(w, key=key), token=token)
+        for key, token in issuers[: INLINE_ATTESTATIONS + 1]
+    ]
+    ids = [a["attestationId"] for a in made]
+    assert await shown(w) == ids[:INLINE_ATTESTATIONS]  # the expired one is not served
+    r = await revoke(w, ids[0])
+    assert r.status_code == 200
+    assert await shown(w) == ids[1:]
+    url = f"/v1/entries/{w.did}/attestations?limit=100"
+    page = await (await w.h.client.get(url)).get_json()
+    listed = [a["attestationId"] for a in page["attestations"]]
+    assert listed == [expired["attestationId"], *ids]  # everything, revoked and expired too
+    big = credential(w, claims={"blob": "x" * (64 * 1024)})
+    await error_of(await submit(w, big), 413, "body_too_large")

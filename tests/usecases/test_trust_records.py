@@ -30,7 +30,7 @@ from registry.coherence import Caches
 from registry.config import load_config
 from registry.errors import Conflict, Invalid, RegistryError
 from registry.keys import SigningKey
-from registry.store import SessionRecord
+from registry.store import INLINE_ATTESTATIONS, SessionRecord
 from registry.store.memory import MemoryStore
 from registry.trust import sign_offer
 from registry.usecases.common import Principal
@@ -841,34 +841,28 @@ async def test_a_bond_with_a_trailing_newline_in_a_field_is_refused(
     assert await w.store.log_head() == head
 
 
-async def test_the_in_memory_store_caps_active_attestations_as_postgresql_does(
+async def test_the_in_memory_store_serves_the_oldest_unexpired_attestations_as_postgresql_does(
     w: World, autojump_clock: trio.testing.MockClock
 ) -> None:
-    limits = w.entries.config.limits.model_copy(update={"attestations_per_entry": 2})
-    config = w.entries.config.model_copy(update={"limits": limits})
-    attestations = Attestations(
-        store=w.store,
-        changes=w.attestations.changes,
-        entries=w.entries,
-        config=config,
-        clock_ms=clock_ms,
-    )
     owner = party("entries.write")
     did, _ = await publish(w, owner)
     now = datetime.fromtimestamp(clock_ms() / 1000, UTC)
 
-    async def attest(issuer: Party, until: datetime) -> Outcome:
+    async def attest(until: datetime) -> str:
+        issuer = party("attest")
         vc = issue_credential(issuer.key, subject_id=did, valid_until=until, created=now)
-        body = {"attestation": vc, "entryDid": did}
-        return await attestations.create(issuer.principal, body, None)
+        made = await w.attestations.create(
+            issuer.principal, {"attestation": vc, "entryDid": did}, None
+        )
+        return str(json.loads(made.unwrap())["attestationId"])
 
-    assert (await attest(party("attest"), now + timedelta(hours=1))).refusal is None
-    assert (await attest(party("attest"), now + timedelta(days=30))).refusal is None
-    full = await attest(party("attest"), now + timedelta(days=30))
-    assert full.refusal is not None
-    assert full.refusal.code == "attestation_limit_reached"
-    await until_ms(clock_ms() + 2 * 3600 * 1000)  # the first has expired: room for one
-    assert (await attest(party("attest"), now + timedelta(days=30))).refusal is None
-    again = await attest(party("attest"), now + timedelta(days=30))
-    assert again.refusal is not None
-    assert again.refusal.code == "attestation_limit_reached"
+    first = await attest(now + timedelta(hours=1))
+    rest = [await attest(now + timedelta(days=30)) for _ in range(INLINE_ATTESTATIONS + 1)]
+    head = await w.store.get_entry_head(did)
+    assert head is not None
+    served = [json.loads(doc)["attestationId"] for _, doc in head.attestations]
+    assert served == [first, *rest][:INLINE_ATTESTATIONS]
+    await until_ms(clock_ms() + 2 * 3600 * 1000)  # the first has expired
+    head = await w.store.get_entry_head(did)
+    assert head is not None
+    assert [json.loads(doc)["attestationId"] for _, doc in head.attestations] == rest[:-1]
