@@ -35,7 +35,15 @@ def b58encode(data: bytes) -> str:
     return "1" * zeros + "".join(reversed(out))
 
 
+# The longest base58 text decoded: keys (34 bytes, 47 characters) and signatures (64 bytes, 88)
+# are far shorter. Decoding is quadratic in the length (one big integer), and the text comes
+# from clients (a credential's proofValue, a sign-in's public key).
+B58_MAX_CHARS = 128
+
+
 def b58decode(text: str) -> bytes:
+    if len(text) > B58_MAX_CHARS:
+        raise ValueError(f"base58 text longer than {B58_MAX_CHARS} characters")
     number = 0
     for char in text:
         try:

@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from registry.did import (
+    B58_MAX_CHARS,
     ED25519_MULTICODEC,
     b58decode,
     b58encode,
@@ -472,3 +473,12 @@ def test_load_or_create_key_never_replaces_a_malformed_file(tmp_path: Path) -> N
     with pytest.raises(KeyFileError):
         load_or_create_key(path)
     assert path.read_text() == "corrupt"
+
+
+def test_base58_longer_than_any_key_or_signature_is_refused_before_decoding() -> None:
+    # Decoding is quadratic in the length; the texts come from clients (a proofValue).
+    signature = b58encode(b"\xff" * 64)
+    assert len(signature) <= B58_MAX_CHARS
+    assert b58decode(signature) == b"\xff" * 64
+    with pytest.raises(ValueError, match="longer than"):
+        b58decode("2" * (B58_MAX_CHARS + 1))
