@@ -80,6 +80,10 @@ SESSION_SETTINGS: dict[str, str] = {
     # scans that stop after the capped count's 1,001 matches over the filters' GIN indexes.
     "random_page_cost": "1.1",
     "TimeZone": "UTC",
+    # A call gives up after QUERY_TIMEOUT_SECONDS and its connection is closed, but PostgreSQL
+    # notices a closed socket only when it next writes to it: a statement whose caller gave up
+    # (an expensive discovery query, say) would run on. The server ends it a little later.
+    "statement_timeout": f"{int(QUERY_TIMEOUT_SECONDS * 1000) + 5000}ms",
 }
 
 

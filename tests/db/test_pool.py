@@ -219,3 +219,13 @@ async def test_with_only_lasting_connections_out_a_full_server_is_an_error_not_a
             f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{role}'",
             f"DROP ROLE {role}",
         )
+
+
+async def test_the_server_ends_a_statement_soon_after_its_caller_gave_up(database_url: str) -> None:
+    # The caller gives up after QUERY_TIMEOUT_SECONDS and closes the connection; PostgreSQL
+    # would run the statement on until it next writes to the socket. Its own timeout ends it.
+    from registry.store.pg import QUERY_TIMEOUT_SECONDS, open_pg_store
+
+    async with trio_asyncio.open_loop(), open_pg_store(database_url) as store:
+        shown = await aio(store._pool.fetchval)("SHOW statement_timeout")  # type: ignore[attr-defined]
+    assert shown == f"{int(QUERY_TIMEOUT_SECONDS) + 5}s"
