@@ -115,6 +115,17 @@ def client_key(host: str) -> str:
     return address_key(host) or host
 
 
+def _without_port(element: str) -> str:
+    """The address of an X-Forwarded-For element some proxies write with a port: `1.2.3.4:80`,
+    `[2001:db8::1]:443`."""
+    if element.startswith("["):
+        end = element.find("]")
+        return element[1:end] if end > 0 else element
+    if element.count(":") == 1:
+        return element.partition(":")[0]
+    return element
+
+
 def client_of(forwarded_for: str, peer: str | None, trusted_proxies: int) -> str:
     """The client a budget is kept for: the `trusted_proxies`-th address from the right of
     `X-Forwarded-For` (every line of it, in order: `forwarded_for`) when that many proxies are
@@ -124,7 +135,7 @@ def client_of(forwarded_for: str, peer: str | None, trusted_proxies: int) -> str
     if trusted_proxies:
         forwarded = [p.strip() for p in forwarded_for.split(",") if p.strip()]
         if len(forwarded) >= trusted_proxies:
-            key = address_key(forwarded[-trusted_proxies])
+            key = address_key(_without_port(forwarded[-trusted_proxies]))
             if key is not None:
                 return key
     return client_key(peer) if peer else "unknown"

@@ -176,7 +176,10 @@ def test_backoff_stays_at_the_ceiling_after_very_many_failures(failures: int) ->
         # An element that is not an address was not written by a trusted proxy: the peer.
         ("x0 principal=did:key:zAdmin", "10.0.0.9", 1, "10.0.0.9"),
         ("1.2.3.4, " + "9" * 5000, "10.0.0.9", 1, "10.0.0.9"),
-        ("1.2.3.4, 1.2.3.4:5678", "10.0.0.9", 1, "10.0.0.9"),
+        ("6.6.6.6, 1.2.3.4:5678", "10.0.0.9", 1, "1.2.3.4"),  # some proxies add the port
+        ("[2001:db8::1]:443", "10.0.0.9", 1, "2001:db8::/64"),
+        ("[2001:db8::1]", "10.0.0.9", 1, "2001:db8::/64"),
+        ("1.2.3.4:x:y", "10.0.0.9", 1, "10.0.0.9"),
     ],
 )
 def test_the_client_of_a_request(header: str, peer: str | None, hops: int, client: str) -> None:
