@@ -235,7 +235,12 @@ class Subscription:
     async def _attach(self, after: int) -> None:
         send, receive = trio.open_memory_channel[LogRecord](self._queue_size)
         sink = _QueueSink(send, self._queue_size)
-        if await self._handle.attach(after, sink):
+        try:
+            attached = await self._handle.attach(after, sink)
+        except BaseException:
+            receive.close()  # cancelled after the actor took the sink: it is gone
+            raise
+        if attached:
             self._live, self._sink = receive, sink
             self._flip()
         else:

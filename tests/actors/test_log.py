@@ -461,3 +461,25 @@ async def test_ended_subscriptions_are_dropped_while_nothing_is_written(
         await trio.testing.wait_all_tasks_blocked()
         assert logs.statistics().subscribers == 1  # the live one is still delivered to
         assert logs.statistics().head == 2
+
+
+async def test_a_subscription_interrupted_as_it_attaches_leaves_no_sink_behind(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Cancelled after the actor took its sink but before the answer came back: the sink must
+    # read as gone, or a quiet log would keep it for good.
+    store = MemoryStore()
+    async with open_log(store, poll_seconds=5.0) as logs:
+        attach = logs.attach
+
+        async def attach_then_interrupted(after: int, sink: log_actor.Sink) -> bool:
+            assert await attach(after, sink)
+            raise RuntimeError("interrupted")
+
+        logs.attach = attach_then_interrupted  # type: ignore[method-assign]
+        async with logs.subscribe(0) as subscription:
+            with pytest.raises(RuntimeError, match="interrupted"):
+                await subscription.receive()
+        assert logs.statistics().subscribers == 1
+        await trio.sleep(5.5)  # the poll finds nothing to read and drops what has ended
+        assert logs.statistics().subscribers == 0
