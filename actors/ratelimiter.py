@@ -42,13 +42,14 @@ class RateLimiter:
         self._refused = 0
         self._sweeps = 0
 
-    def acquire(self, klass: str, client: str) -> Decision:
-        """Take one token of `klass` for `client` now, or say when one will be available."""
+    def acquire(self, klass: str, client: str, cost: float = 1.0) -> Decision:
+        """Take `cost` tokens (one request, by default) of `klass` for `client` now, or say when
+        they will be available."""
         rate = self._rates.get(klass)
         if rate is None:
             raise ValueError(f"unknown rate-limit class {klass!r}")
         now = trio.current_time()
-        decision, bucket = take(self._buckets.get((klass, client)), rate, now)
+        decision, bucket = take(self._buckets.get((klass, client)), rate, now, cost)
         self._buckets[(klass, client)] = bucket
         self._handled += 1
         self._refused += not decision.allowed

@@ -280,6 +280,19 @@ def endpoint(
                     ctx.body = await read_body(limit)
                     ctx.body_read = True
                     mark_body_read()
+                    # What a body costs to parse, canonicalise and verify grows with its bytes
+                    # (and more for some shapes: numbers, floats): an address's bodies share a
+                    # budget of bytes, spent before any of that work.
+                    spent = d.limiter.acquire("body_bytes", address, cost=len(ctx.body))
+                    if not spent.allowed:
+                        g.rate_class = "body_bytes"
+                        raise RateLimited(
+                            "request bodies from this client address exceed"
+                            " limits.body_bytes_per_minute_per_address",
+                            retry_after=spent.retry_after,
+                            limit=spent.limit,
+                            code=f"{klass}_rate_limited",
+                        )
                 response = await handler(ctx, **kwargs)
             except Exception as exc:  # mapped in one place; unknown errors become a bare 500
                 if body_limit and not ctx.body_read and not isinstance(exc, TooLarge):

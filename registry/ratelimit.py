@@ -48,12 +48,17 @@ def refill(bucket: Bucket | None, rate: Rate, now: float) -> float:
     return min(rate.capacity, bucket.tokens + max(0.0, now - bucket.updated) * rate.per_second)
 
 
-def take(bucket: Bucket | None, rate: Rate, now: float) -> tuple[Decision, Bucket]:
+def take(
+    bucket: Bucket | None, rate: Rate, now: float, cost: float = 1.0
+) -> tuple[Decision, Bucket]:
+    """Take `cost` tokens (a request: 1; a body: its bytes). A cost above the capacity takes a
+    full bucket: however a rate is divided among processes, the largest request still passes."""
+    cost = min(cost, rate.capacity)
     tokens = refill(bucket, rate, now)
-    allowed = tokens >= 1.0
+    allowed = tokens >= cost
     if allowed:
-        tokens -= 1.0
-    retry = 0.0 if allowed else (1.0 - tokens) / rate.per_second
+        tokens -= cost
+    retry = 0.0 if allowed else (cost - tokens) / rate.per_second
     decision = Decision(
         allowed=allowed,
         limit=rate.per_minute,

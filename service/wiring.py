@@ -103,6 +103,7 @@ async def open_service(
             "query": Rate(limits.query_per_minute),
             "write_address": Rate(limits.write_per_minute_per_address),  # every write, per address
             "query_address": Rate(limits.query_per_minute_per_address),  # every query, too
+            "body_bytes": Rate(limits.body_bytes_per_minute_per_address),  # bytes, per address
             "replay": Rate(config.events.replays_per_minute),  # event replays, per address
         }
         limiter: RateLimiter = await nursery.start(run_rate_limiter, rates)

@@ -409,3 +409,38 @@ async def test_new_keys_never_buy_an_address_more_queries(
             await error_of(r, 429, "query_rate_limited")  # the address's budget is spent
 
     await with_harness(config, body)
+
+
+async def test_an_address_has_a_budget_of_body_bytes(database_url: str, tmp_path: Path) -> None:
+    """What a body costs to parse and verify grows with its bytes: an address's bodies share
+    `body_bytes_per_minute_per_address`, spent before that work; a body larger than the whole
+    budget passes on a full one (and empties it)."""
+    config = make_config(
+        database_url,
+        tmp_path,
+        server={"trusted_proxies": 1},
+        limits={"body_bytes_per_minute_per_address": 4096},
+    )
+
+    async def body(h: Harness) -> None:
+        key = SigningKey.generate()
+        token = await sign_in(h.client, key)  # from the TCP peer: its own budget
+
+        async def post(size: int, address: str) -> Any:
+            data = _entry_body_of_size(key, size)
+            headers = bearer(token, **idem(**JSON, **{"X-Forwarded-For": address}))
+            return await h.client.post("/v1/entries", data=data, headers=headers), data
+
+        with trio.fail_after(30):
+            r, _ = await post(3000, "203.0.113.1")
+            assert r.status_code == 201, await r.get_data()
+            r, data = await post(3000, "203.0.113.1")
+            await error_of(r, 429, "write_rate_limited")
+            did = json.loads(data)["entryDid"]
+            assert (await h.client.get(f"/v1/entries/{did}")).status_code == 404
+            r, _ = await post(6000, "203.0.113.2")  # more than the budget, on a full one
+            assert r.status_code == 201, await r.get_data()
+            r, _ = await post(1500, "203.0.113.2")
+            await error_of(r, 429, "write_rate_limited")
+
+    await with_harness(config, body)

@@ -184,3 +184,18 @@ def test_backoff_stays_at_the_ceiling_after_very_many_failures(failures: int) ->
 )
 def test_the_client_of_a_request(header: str, peer: str | None, hops: int, client: str) -> None:
     assert client_of(header, peer, hops) == client
+
+
+def test_a_cost_takes_that_many_tokens_and_a_cost_above_the_capacity_a_full_bucket() -> None:
+    rate = Rate(600)  # 10 a second
+    decision, bucket = take(None, rate, 0.0, cost=500)
+    assert decision.allowed
+    assert decision.remaining == 100
+    decision, bucket = take(bucket, rate, 0.0, cost=101)
+    assert not decision.allowed
+    assert decision.retry_after == pytest.approx(0.1)
+    decision, bucket = take(bucket, rate, 0.1, cost=101)
+    assert decision.allowed
+    decision, _ = take(None, rate, 0.0, cost=10_000)  # more than a full bucket: all of it
+    assert decision.allowed
+    assert decision.remaining == 0
