@@ -626,4 +626,3 @@ async def test_an_entry_serves_its_oldest_unexpired_attestations_up_to_the_bound
     assert listed == [expired["attestationId"], *ids]  # everything, revoked and expired too
     big = credential(w, claims={"blob": "x" * (64 * 1024)})
     await error_of(await submit(w, big), 413, "body_too_large")
-
