@@ -308,3 +308,18 @@ async def test_registryql_relevance_with_a_second_key_pages_consistently(harness
     for limit in (1, 3):
         pages = await page_all(harness, {"query": f"{query} LIMIT {limit}"}, QL)
         assert flat_dids(pages) == whole, limit
+
+
+async def test_a_query_of_more_than_sixteen_text_filters_is_400(
+    harness: Harness,
+) -> None:
+    # Each CONTAINS or MATCH tests text on every candidate row, and a short CONTAINS uses no
+    # index: sixteen are answered, a seventeenth is refused before the database is asked.
+    terms = [f"description CONTAINS 'q{i}'" for i in range(8)]
+    terms += [f"MATCH 'w{i}'" for i in range(8)]
+    r = await post(harness, {"query": "DISCOVER * WHERE " + " OR ".join(terms)}, QL)
+    assert r.status_code == 200, await r.get_data()
+    more = [*terms, "NOT name CONTAINS 'x'"]
+    r = await post(harness, {"query": "DISCOVER * WHERE " + " OR ".join(more)}, QL)
+    error = await error_of(r, 400, "invalid_registryql")
+    assert "more than 16 text filters" in error["message"]
