@@ -286,6 +286,7 @@ def endpoint(
                     spent = d.limiter.acquire("body_bytes", address, cost=len(ctx.body))
                     if not spent.allowed:
                         g.rate_class = "body_bytes"
+                        ctx.decision = None  # the answer's RateLimit-* are the byte budget's
                         raise RateLimited(
                             "request bodies from this client address exceed"
                             " limits.body_bytes_per_minute_per_address",

@@ -23,7 +23,7 @@ from registry.coherence import Caches
 from registry.config import Config
 from registry.entries import publisher_payload
 from registry.errors import Conflict, Forbidden, Invalid, NotFound
-from registry.store import EntryHead, EntryStore, ReplicaVersion
+from registry.store import INLINE_ATTESTATIONS, EntryHead, EntryStore, ReplicaVersion
 from registry.usecases.common import Principal, now_ms, page_size, parse_sequence, rfc3339
 
 log = logging.getLogger(__name__)
@@ -256,7 +256,7 @@ class Entries:
 
     async def get(self, did: str) -> Served:
         cached = self.cache.get(did)
-        if cached is not None:
+        if cached is not None and not _short_of_attestations(cached, self.clock_ms()):
             return cached
         epoch = self.cache.epoch
         head = await self.live_head(did)
@@ -445,3 +445,12 @@ def _item_data_hash(doc: str) -> str:
 
 def _sequence_of(doc: str) -> int:
     return int(json.loads(doc)["sequence"])
+
+
+def _short_of_attestations(served: Served, now_ms: int) -> bool:
+    """Whether a cached head holds as many attestations as a read returns and one of them has
+    expired: the database may hold another to serve in its place (an expiry writes nothing to
+    the log, so no change drops the cached head)."""
+    return len(served.attestations) >= INLINE_ATTESTATIONS and any(
+        expires is not None and expires <= now_ms for expires, _ in served.attestations
+    )

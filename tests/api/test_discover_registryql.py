@@ -323,3 +323,9 @@ async def test_a_query_of_more_than_sixteen_text_filters_is_400(
     r = await post(harness, {"query": "DISCOVER * WHERE " + " OR ".join(more)}, QL)
     error = await error_of(r, 400, "invalid_registryql")
     assert "more than 16 text filters" in error["message"]
+    # Tags and service types are tests of arrays, on their indexes: not text filters.
+    tags = " AND ".join(f"tags CONTAINS 't{i}'" for i in range(20))
+    r = await post(harness, {"query": f"DISCOVER * WHERE {tags}"}, QL)
+    assert r.status_code == 200, await r.get_data()
+    r = await post(harness, {"entryType": "AgentDefinition", "tags": [f"t{i}" for i in range(20)]})
+    assert r.status_code == 200, await r.get_data()

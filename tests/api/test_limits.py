@@ -436,6 +436,9 @@ async def test_an_address_has_a_budget_of_body_bytes(database_url: str, tmp_path
             assert r.status_code == 201, await r.get_data()
             r, data = await post(3000, "203.0.113.1")
             await error_of(r, 429, "write_rate_limited")
+            assert r.headers["RateLimit-Limit"] == "4096"  # the budget that refused it
+            assert r.headers["RateLimit-Remaining"] == "0"
+            assert int(r.headers["RateLimit-Reset"]) >= int(r.headers["Retry-After"]) >= 1
             did = json.loads(data)["entryDid"]
             assert (await h.client.get(f"/v1/entries/{did}")).status_code == 404
             r, _ = await post(6000, "203.0.113.2")  # more than the budget, on a full one

@@ -866,3 +866,33 @@ async def test_the_in_memory_store_serves_the_oldest_unexpired_attestations_as_p
     head = await w.store.get_entry_head(did)
     assert head is not None
     assert [json.loads(doc)["attestationId"] for _, doc in head.attestations] == rest[:-1]
+
+
+async def test_a_cached_entry_serves_what_a_fresh_read_does_once_an_attestation_expires(
+    w: World, autojump_clock: trio.testing.MockClock
+) -> None:
+    # An entry serves INLINE_ATTESTATIONS of them; when a cached one expires, the database may
+    # hold another to serve in its place, and an expiry writes nothing that drops the cache.
+    w.entries.caches.set_live(True)
+    owner = party("entries.write")
+    did, _ = await publish(w, owner)
+    now = datetime.fromtimestamp(clock_ms() / 1000, UTC)
+
+    async def attest(until: datetime) -> None:
+        issuer = party("attest")
+        vc = issue_credential(issuer.key, subject_id=did, valid_until=until, created=now)
+        made = await w.attestations.create(
+            issuer.principal, {"attestation": vc, "entryDid": did}, None
+        )
+        assert made.refusal is None
+
+    def shown(served: Any) -> int:
+        return len(json.loads(served.at(clock_ms())).get("verifiableAttestations", []))
+
+    await attest(now + timedelta(hours=1))
+    for _ in range(INLINE_ATTESTATIONS):
+        await attest(now + timedelta(days=30))
+    assert shown(await w.entries.read(did)) == INLINE_ATTESTATIONS
+    assert w.entries.cache.get(did) is not None  # cached
+    await until_ms(clock_ms() + 2 * 3600 * 1000)  # the first has expired
+    assert shown(await w.entries.read(did)) == INLINE_ATTESTATIONS  # the 51st moved up
