@@ -532,12 +532,49 @@ def _parse(text: str) -> RegistryQuery:
     size = len(text.encode("utf-8", "surrogatepass"))
     if size > MAX_QUERY_BYTES:
         _too_long(text)
+    if text.count("(") > MAX_PARENTHESES:  # an upper bound: some may be inside strings
+        _too_many_parentheses(text)
     try:
         query = _PARSER.parse(text)
     except UnexpectedInput as error:
         _syntax_error(text, error)
     assert isinstance(query, RegistryQuery)  # the `start` callback builds it
     return query
+
+
+# Parentheses in a query. Parsing costs about its tokens, and `WHERE` allows 256 nodes, so this
+# many groups cannot be needed; 8 KiB of nested ones took Lark 35-70 ms (a hostile review).
+MAX_PARENTHESES = 256
+
+
+def _too_many_parentheses(text: str) -> None:
+    """Refuse the query at its (MAX_PARENTHESES + 1)-th opening parenthesis outside a string."""
+    seen = 0
+    line, column = 1, 0
+    quoted = False
+    chars = iter(text)
+    for char in chars:
+        column += 1
+        if char == "\n":
+            line, column = line + 1, 0
+        elif quoted:
+            if char == "\\":
+                next(chars, None)  # an escaped character (STRING: \\.)
+                column += 1
+            elif char == "'":
+                quoted = False  # a doubled quote ('') closes and reopens: the same
+        elif char == "'":
+            quoted = True
+        elif char == "(":
+            seen += 1
+            if seen > MAX_PARENTHESES:
+                _fail(
+                    line,
+                    column,
+                    f"the query has more than {MAX_PARENTHESES} parentheses",
+                    [f"at most {MAX_PARENTHESES} parentheses"],
+                    "'('",
+                )
 
 
 def _too_long(text: str) -> NoReturn:

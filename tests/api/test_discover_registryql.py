@@ -329,3 +329,16 @@ async def test_a_query_of_more_than_sixteen_text_filters_is_400(
     assert r.status_code == 200, await r.get_data()
     r = await post(harness, {"entryType": "AgentDefinition", "tags": [f"t{i}" for i in range(20)]})
     assert r.status_code == 200, await r.get_data()
+
+
+async def test_a_query_of_more_than_256_parentheses_is_400_at_the_one_too_many(
+    harness: Harness,
+) -> None:
+    # Parsing costs about the query's tokens; 256 nodes never need more groups than that.
+    nested = "(" * 256 + "name = 'x'" + ")" * 256
+    r = await post(harness, {"query": f"DISCOVER * WHERE {nested}"}, QL)
+    assert r.status_code == 200, await r.get_data()
+    text = "DISCOVER * WHERE name = '((''(' AND\n" + "(" * 257 + "name = 'x'" + ")" * 257
+    error = await error_of(await post(harness, {"query": text}, QL), 400, "invalid_registryql")
+    assert (error["details"]["line"], error["details"]["column"]) == (2, 257)
+    assert "more than 256 parentheses" in error["message"]
