@@ -841,23 +841,23 @@ async def test_a_bond_with_a_trailing_newline_in_a_field_is_refused(
     assert await w.store.log_head() == head
 
 
+async def attest_for(w: World, did: str, *, hours: int) -> str:
+    """A new issuer's attestation of `did`, valid for `hours` from now: its id."""
+    issuer = party("attest")
+    now = datetime.fromtimestamp(clock_ms() / 1000, UTC)
+    vc = issue_credential(
+        issuer.key, subject_id=did, valid_until=now + timedelta(hours=hours), created=now
+    )
+    made = await w.attestations.create(issuer.principal, {"attestation": vc, "entryDid": did}, None)
+    return str(json.loads(made.unwrap())["attestationId"])
+
+
 async def test_the_in_memory_store_serves_the_oldest_unexpired_attestations_as_postgresql_does(
     w: World, autojump_clock: trio.testing.MockClock
 ) -> None:
-    owner = party("entries.write")
-    did, _ = await publish(w, owner)
-    now = datetime.fromtimestamp(clock_ms() / 1000, UTC)
-
-    async def attest(until: datetime) -> str:
-        issuer = party("attest")
-        vc = issue_credential(issuer.key, subject_id=did, valid_until=until, created=now)
-        made = await w.attestations.create(
-            issuer.principal, {"attestation": vc, "entryDid": did}, None
-        )
-        return str(json.loads(made.unwrap())["attestationId"])
-
-    first = await attest(now + timedelta(hours=1))
-    rest = [await attest(now + timedelta(days=30)) for _ in range(INLINE_ATTESTATIONS + 1)]
+    did, _ = await publish(w, party("entries.write"))
+    first = await attest_for(w, did, hours=1)
+    rest = [await attest_for(w, did, hours=720) for _ in range(INLINE_ATTESTATIONS + 1)]
     head = await w.store.get_entry_head(did)
     assert head is not None
     served = [json.loads(doc)["attestationId"] for _, doc in head.attestations]
@@ -874,24 +874,14 @@ async def test_a_cached_entry_serves_what_a_fresh_read_does_once_an_attestation_
     # An entry serves INLINE_ATTESTATIONS of them; when a cached one expires, the database may
     # hold another to serve in its place, and an expiry writes nothing that drops the cache.
     w.entries.caches.set_live(True)
-    owner = party("entries.write")
-    did, _ = await publish(w, owner)
-    now = datetime.fromtimestamp(clock_ms() / 1000, UTC)
-
-    async def attest(until: datetime) -> None:
-        issuer = party("attest")
-        vc = issue_credential(issuer.key, subject_id=did, valid_until=until, created=now)
-        made = await w.attestations.create(
-            issuer.principal, {"attestation": vc, "entryDid": did}, None
-        )
-        assert made.refusal is None
+    did, _ = await publish(w, party("entries.write"))
 
     def shown(served: Any) -> int:
         return len(json.loads(served.at(clock_ms())).get("verifiableAttestations", []))
 
-    await attest(now + timedelta(hours=1))
+    await attest_for(w, did, hours=1)
     for _ in range(INLINE_ATTESTATIONS):
-        await attest(now + timedelta(days=30))
+        await attest_for(w, did, hours=720)
     assert shown(await w.entries.read(did)) == INLINE_ATTESTATIONS
     assert w.entries.cache.get(did) is not None  # cached
     await until_ms(clock_ms() + 2 * 3600 * 1000)  # the first has expired
