@@ -144,6 +144,9 @@ class LimitsConfig(_Section):
     # The bytes of request bodies one client address may send a minute, whoever signed them (a
     # body larger than this passes on a full budget and takes it all).
     body_bytes_per_minute_per_address: Annotated[int, Field(ge=1024)] = 16 * 1024 * 1024
+    # A discovery page ends early (hasMore, with a cursor) once its documents hold this many
+    # bytes: a page of 100 entries of up to 1 MiB each would otherwise be 100 MiB.
+    discover_page_bytes: Annotated[int, Field(ge=1024)] = 4 * 1024 * 1024
     discover_cache_entries: Annotated[int, Field(ge=0, le=100_000)] = 2000  # 0: no result cache
     cache_mib: Annotated[int, Field(ge=1, le=65536)] = 4  # each of the entry and page caches
     # Divide every per-minute limit by the processes serving from the database (counted every

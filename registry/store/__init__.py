@@ -281,10 +281,17 @@ class EntryStore(Protocol):
 
 class DiscoveryStore(Protocol):
     async def discover(
-        self, query: RegistryQuery, *, limit: int, after: list[Any] | None
-    ) -> tuple[list[tuple[str, list[Any]]], int]:
+        self,
+        query: RegistryQuery,
+        *,
+        limit: int,
+        after: list[Any] | None,
+        page_bytes: int | None = None,
+    ) -> tuple[list[tuple[str | None, list[Any]]], int]:
         """Up to `limit` + 1 matches of `query` after the keyset position `after` (each served
-        document with its sort values), and the count of all matches (capped)."""
+        document with its sort values), and the count of all matches (capped). With
+        `page_bytes`, a match whose documents before it already hold that many bytes comes
+        without its document (None): the page ends before it."""
         ...
 
 

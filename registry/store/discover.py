@@ -226,7 +226,9 @@ class _Key:
         return f'k{i} COLLATE "C"' if self.kind == "text" else f"k{i}"
 
 
-def compile_discover(query: RegistryQuery, *, limit: int, after: list[Any] | None) -> Plan:
+def compile_discover(
+    query: RegistryQuery, *, limit: int, after: list[Any] | None, page_bytes: int | None = None
+) -> Plan:
     """SQL for one page of `query`: `limit + 1` rows (the extra one says whether more exist),
     after the position `after` (the previous page's last sort values) or at `query.offset`.
 
@@ -237,7 +239,9 @@ def compile_discover(query: RegistryQuery, *, limit: int, after: list[Any] | Non
       * more: the ordering's index is walked and the filter applied until the page is full (the
         planner free to choose otherwise); with over 1% of the table matching, that is on the
         order of a hundred rows per result. A relevance ordering ranks every match instead.
-    The stored documents are joined from entry_versions for the page's rows only.
+    The stored documents are joined from entry_versions for the page's rows only; with
+    `page_bytes`, a row whose predecessors' documents hold that many bytes comes without its
+    document (octet_length reads a stored value's size without decompressing it).
     """
     order = effective_order(query)
     keys: list[_Key] = []
@@ -289,14 +293,22 @@ def compile_discover(query: RegistryQuery, *, limit: int, after: list[Any] | Non
         few_where.append(_keyset([k.column(i) for i, k in enumerate(keys)], keys, after, p))
     candidates = f"SELECT {columns} FROM {SOURCE} WHERE {' AND '.join(where)} LIMIT {COUNT_CAP + 1}"
     scan_where.append(f"t.total > {COUNT_CAP}")
+    final_order = ", ".join("p." + part for part in order_sql.split(", "))
+    doc = "v.doc"
+    if page_bytes is not None:
+        before = (
+            f"sum(octet_length(v.doc)) OVER (ORDER BY {final_order}"
+            " ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)"
+        )
+        doc = f"CASE WHEN coalesce({before}, 0) < {p.bind(page_bytes)} THEN v.doc END"
     sql = (
         f"WITH m AS MATERIALIZED ({candidates}), t AS (SELECT count(*) AS total FROM m)"
-        f" SELECT t.total, v.doc, p.* FROM t LEFT JOIN LATERAL ("
+        f" SELECT t.total, {doc} AS doc, p.* FROM t LEFT JOIN LATERAL ("
         f"({scan} WHERE {' AND '.join(scan_where)} ORDER BY {order_sql}{window})"
         f" UNION ALL (SELECT * FROM m WHERE {' AND '.join(few_where)}"
         f" ORDER BY {order_sql}{window})"
         f") AS p ON true LEFT JOIN entry_versions AS v ON v.seq = p.head_seq"
-        f" ORDER BY {', '.join('p.' + part for part in order_sql.split(', '))}"
+        f" ORDER BY {final_order}"
     )
     count_params = _Params()
     count_where = _filters(query, count_params)

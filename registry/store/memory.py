@@ -1011,8 +1011,13 @@ class MemoryStore:
     # --- discovery ------------------------------------------------------------------------
 
     async def discover(
-        self, query: RegistryQuery, *, limit: int, after: list[Any] | None
-    ) -> tuple[list[tuple[str, list[Any]]], int]:
+        self,
+        query: RegistryQuery,
+        *,
+        limit: int,
+        after: list[Any] | None,
+        page_bytes: int | None = None,
+    ) -> tuple[list[tuple[str | None, list[Any]]], int]:
         """Not modelled: discovery is SQL over PostgreSQL's indexes and full-text search.
 
         Raises `Unavailable` with code `not_supported`; test discovery against PostgreSQL."""

@@ -705,17 +705,24 @@ class PgStore:
     # --- discovery ------------------------------------------------------------------------
 
     async def discover(
-        self, query: RegistryQuery, *, limit: int, after: list[Any] | None
-    ) -> tuple[list[tuple[str, list[Any]]], int]:
+        self,
+        query: RegistryQuery,
+        *,
+        limit: int,
+        after: list[Any] | None,
+        page_bytes: int | None = None,
+    ) -> tuple[list[tuple[str | None, list[Any]]], int]:
         """One page (doc, sort values) and the (capped) count: one statement, one snapshot."""
-        return await self.run_plan(compile_discover(query, limit=limit, after=after))
+        plan = compile_discover(query, limit=limit, after=after, page_bytes=page_bytes)
+        return await self.run_plan(plan)
 
     @_seam
-    async def run_plan(self, plan: Plan) -> tuple[list[tuple[str, list[Any]]], int]:
+    async def run_plan(self, plan: Plan) -> tuple[list[tuple[str | None, list[Any]]], int]:
         """Run a compiled discovery plan (registry.store.discover)."""
         rows = await self._pool.fetch(plan.sql, *plan.params)
         keys = [n for n in rows[0].keys() if n.startswith("k")]  # noqa: SIM118 (a Record iterates values)
-        page = [(r["doc"], [r[k] for k in keys]) for r in rows if r["doc"] is not None]
+        # No entry_did: no match at all (the count's row alone).
+        page = [(r["doc"], [r[k] for k in keys]) for r in rows if r["entry_did"] is not None]
         return page, int(rows[0]["total"])
 
     # --- sign-in --------------------------------------------------------------------------

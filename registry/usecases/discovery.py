@@ -5,6 +5,8 @@ Pages are cached by query (`ResultCache`); concurrent misses of one query are co
 
 from __future__ import annotations
 
+from typing import Any
+
 import trio
 
 from registry.caches import ResultCache
@@ -67,12 +69,19 @@ class Discovery:
     async def _discover(self, query: RegistryQuery) -> str:
         size = page_size(self.config.limits, query.limit)
         after = self.cursors.decode(query, query.cursor) if query.cursor else None
-        rows, total = await self.store.discover(query, limit=size, after=after)
+        rows, total = await self.store.discover(
+            query, limit=size, after=after, page_bytes=self.config.limits.discover_page_bytes
+        )
         has_more = len(rows) > size
-        rows = rows[:size]
-        body = '{"entries":[' + ",".join(doc for doc, _ in rows) + "]"
-        if has_more:
-            body += ',"cursor":' + _json_str(self.cursors.encode(query, rows[-1][1]))
+        page: list[tuple[str, list[Any]]] = []
+        for doc, keys in rows[:size]:
+            if doc is None:  # the page's documents reached discover_page_bytes before it
+                has_more = True
+                break
+            page.append((doc, keys))
+        body = '{"entries":[' + ",".join(doc for doc, _ in page) + "]"
+        if has_more:  # the first match always comes with its document: the page has a last
+            body += ',"cursor":' + _json_str(self.cursors.encode(query, page[-1][1]))
         body += f',"hasMore":{"true" if has_more else "false"}'
         body += f',"totalCount":{min(total, COUNT_CAP)}'
         if total > COUNT_CAP:  # counted up to the cap: "at least COUNT_CAP"

@@ -12,14 +12,15 @@ from __future__ import annotations
 import json
 import secrets
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import trio
 import trio.lowlevel
 
 from registry.keys import SigningKey
-from tests.api.api_support import anon_client, create, error_of, updated
-from tests.conftest import Harness
+from tests.api.api_support import anon_client, create, error_of, updated, with_harness
+from tests.conftest import Harness, make_config
 from tests.helpers import bearer, idem, sign_in
 
 # --- helpers (also used by the other test_discover_*.py modules) ------------------------------
@@ -1023,3 +1024,44 @@ async def test_a_repeated_query_is_answered_from_the_cache_until_a_change_commit
         after = await post(harness, body, path)
         assert after.headers["X-Cache"] == "miss"
         assert json.loads(await after.get_data())["totalCount"] == 2
+
+
+async def test_a_page_ends_early_once_its_documents_hold_the_page_byte_budget(
+    database_url: str, tmp_path: Path
+) -> None:
+    """Entries may be up to 1 MiB each: a page of 100 would be 100 MiB. A page ends (with
+    hasMore and a cursor) once its documents hold `limits.discover_page_bytes`; the first match
+    always comes, so paging goes on, and every match is served once, in order."""
+    config = make_config(database_url, tmp_path, limits={"discover_page_bytes": 6000})
+
+    async def body(h: Harness) -> None:
+        key = SigningKey.generate()
+        token = await sign_in(h.client, key)
+        tag = f"heavy-{secrets.token_hex(4)}"
+        made = [
+            await create(h, key, token, tags=[tag], description=f"{i} " + "x" * 2500)
+            for i in range(5)
+        ]
+        query: dict[str, Any] = {"tags": [tag], "limit": 100, "orderBy": "sequence"}
+        seen: list[dict[str, Any]] = []
+        pages: list[list[int]] = []  # the size of each document, page by page
+        while True:
+            page = await discover(h, query)
+            pages.append([len(compact(e)) for e in page["entries"]])
+            seen.extend(page["entries"])
+            if not page["hasMore"]:
+                break
+            query["cursor"] = page["cursor"]
+        assert len(pages) > 1
+        for sizes in pages:
+            assert sum(sizes[:-1]) < 6000  # each document came while the page held less
+        for sizes in pages[:-1]:
+            assert sum(sizes) >= 6000  # and a page ended only once it held the budget
+        assert sorted(e["entryDid"] for e in seen) == sorted(e["entryDid"] for e in made)
+        assert len(seen) == len(made)
+
+    await with_harness(config, body)
+
+
+def compact(entry: dict[str, Any]) -> str:
+    return json.dumps(entry, separators=(",", ":"), ensure_ascii=False)
