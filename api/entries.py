@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from urllib.parse import quote
 
@@ -165,7 +164,7 @@ def register(app: QuartTrio) -> None:
     )
     async def get_entry_lineage(ctx: Ctx, did: str) -> Response:
         served = await deps().entries.read(did)
-        lineage = json.loads(served.doc).get("lineageReference")
+        lineage = served.lineage
         origin = {} if served.origin is None else {"Registry-Origin": served.origin}
         return json_response(dumps({"entryDid": did, "lineage": lineage}), 200, **origin)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from registry.caches import FollowedCache
 
 
@@ -20,3 +22,22 @@ def test_a_cache_with_a_byte_bound_drops_the_least_recently_used_to_stay_within_
     assert cache.bytes == 4
     cache.put("huge", "x" * 50, cache.epoch)  # alone over the bound: nothing stays
     assert (len(cache), cache.bytes) == (0, 0)
+
+
+def test_a_served_version_parses_its_lineage_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # GET /lineage reads it from the cached version: a document may be 1 MiB.
+    from registry import caches
+
+    served = caches.Served(3, '{"entryDid":"did:web:a.example","lineageReference":{"x":[1]}}')
+    parsed: list[str] = []
+    real = caches.json.loads
+
+    def counting(text: str) -> object:
+        parsed.append(text)
+        return real(text)
+
+    monkeypatch.setattr(caches.json, "loads", counting)
+    assert served.lineage == {"x": [1]}
+    assert served.lineage == {"x": [1]}
+    assert len(parsed) == 1
+    assert caches.Served(4, '{"entryDid":"did:web:a.example"}').lineage is None
