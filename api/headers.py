@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from quart import has_request_context, request, websocket
 
+from registry.ratelimit import joined_lines
+
 
 def header_lines(name: bytes) -> str:
-    """Every line of the request's header `name` (lower case), in order, joined by commas: the
-    one list they mean together (RFC 9110 §5.3), e.g. X-Forwarded-For written by two proxies."""
+    """Every line of the request's header `name` (lower case), joined (`joined_lines`)."""
     scope = request.scope if has_request_context() else websocket.scope
-    return ",".join(value.decode("latin-1") for key, value in scope["headers"] if key == name)
+    return joined_lines(scope["headers"], name)
 
 
 def header(name: bytes) -> str | None:

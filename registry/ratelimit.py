@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import ipaddress
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 
@@ -118,6 +119,13 @@ def address_key(host: str) -> str | None:
 def client_key(host: str) -> str:
     """`address_key` of a TCP peer; a peer that is not an IP address (a Unix socket) as is."""
     return address_key(host) or host
+
+
+def joined_lines(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> str:
+    """Every line of header `name` (lower case) in an ASGI header list, in order, joined by
+    commas: the one list they mean together (RFC 9110 §5.3), e.g. X-Forwarded-For written by
+    two proxies. Values decoded as Quart decodes them (latin-1)."""
+    return ",".join(value.decode("latin-1") for key, value in headers if key == name)
 
 
 def _without_port(element: str) -> str:

@@ -49,7 +49,7 @@ from registry.errors import Invalid, RateLimited, RegistryError, Unauthorized
 from registry.events import ADMIN_KINDS, AuthMessage, Filter, SubscribeRequest
 from registry.models import validate_model
 from registry.outage import ConditionLog
-from registry.ratelimit import Bucket, Rate, client_of, take
+from registry.ratelimit import Bucket, Rate, client_of, joined_lines, take
 from registry.usecases.common import Principal, now_ms
 from registry.usecases.sessions import Sessions
 from ws.transport import CURRENT_STREAM, FrameStream, text_frame
@@ -594,7 +594,7 @@ class EventSink:
     # --- called by the log actor (and by the replay) ----------------------------------------
 
     def deliver(self, batch: Batch) -> Delivery:
-        if self._closed or self.ended is not None or self.connection._closed:
+        if self.gone():
             return "gone"
         outcome = self._take(batch, bounded=True)
         if outcome != "ok" or self.writer.busy():
@@ -689,11 +689,7 @@ def _json(message: dict[str, Any]) -> str:
 
 def _client_address(trusted_proxies: int) -> str:
     """The client's address, as `api.http.client_address` reads it for HTTP requests."""
-    forwarded = ",".join(  # every line of the header, in order (RFC 9110 §5.3)
-        value.decode("latin-1")
-        for name, value in websocket.scope["headers"]
-        if name == b"x-forwarded-for"
-    )
+    forwarded = joined_lines(websocket.scope["headers"], b"x-forwarded-for")
     return client_of(forwarded, websocket.remote_addr, trusted_proxies)
 
 
