@@ -20,7 +20,7 @@ from typing import Protocol
 import trio
 
 from registry.errors import Unavailable
-from registry.ratelimit import Bucket, Decision, Rate, is_idle, take
+from registry.ratelimit import Bucket, Decision, Rate, charge, is_idle, take
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +56,17 @@ class RateLimiter:
         if len(self._buckets) > MAX_BUCKETS:
             self._sweep(now)
         return decision
+
+    def charge(self, klass: str, client: str, cost: float) -> None:
+        """Take `cost` tokens of `klass` from `client` after the fact (`ratelimit.charge`): a
+        bucket in debt refuses `acquire(klass, client, cost=0)` until it has refilled."""
+        rate = self._rates.get(klass)
+        if rate is None:
+            raise ValueError(f"unknown rate-limit class {klass!r}")
+        key = (klass, client)
+        self._buckets[key] = charge(self._buckets.get(key), rate, trio.current_time(), cost)
+        if len(self._buckets) > MAX_BUCKETS:
+            self._sweep(trio.current_time())
 
     def share(self, processes: int) -> None:
         """Admit `1/processes` of each configured rate (at least 1 a minute), so that N

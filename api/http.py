@@ -29,6 +29,7 @@ from registry import canonical
 from registry.caches import FollowedCache
 from registry.config import Config
 from registry.errors import Invalid, RateLimited, TooLarge, Unauthorized, UnsupportedMediaType
+from registry.metering import metering
 from registry.ratelimit import Decision, client_of
 from registry.store import Store
 from registry.usecases.anchors import Anchors
@@ -195,6 +196,9 @@ async def _drain(limit: int, ctx: Ctx) -> None:
 
 # The classes whose every request also spends a budget of its client address, and its name.
 _BY_ADDRESS = {"write": "write_address", "query": "query_address"}
+# The classes whose database time its client address pays after the fact (registry/metering.py),
+# in milliseconds, and the budget's name.
+_DB_TIME_BY_ADDRESS = {"query": "query_db_ms"}
 
 
 def rate_headers(decision: Decision, headers: Any) -> None:
@@ -266,6 +270,20 @@ def endpoint(
                             limit=by_address.limit,
                             code=f"{klass}_rate_limited",
                         )
+                db_time_class = _DB_TIME_BY_ADDRESS.get(klass)
+                if db_time_class is not None:
+                    # Paid after the fact: an address whose queries took more database time
+                    # than its budget is refused until the budget has refilled.
+                    owed = d.limiter.acquire(db_time_class, address, cost=0)
+                    if not owed.allowed:
+                        g.rate_class = db_time_class
+                        raise RateLimited(
+                            f"{klass} database time exceeded for this client address"
+                            " (limits.query_db_ms_per_minute_per_address)",
+                            retry_after=owed.retry_after,
+                            limit=owed.limit,
+                            code=f"{klass}_rate_limited",
+                        )
                 client = ctx.principal.did if ctx.principal else address
                 ctx.decision = d.limiter.acquire(klass, client)
                 if not ctx.decision.allowed:
@@ -294,7 +312,14 @@ def endpoint(
                             limit=spent.limit,
                             code=f"{klass}_rate_limited",
                         )
-                response = await handler(ctx, **kwargs)
+                if db_time_class is None:
+                    response = await handler(ctx, **kwargs)
+                else:
+                    with metering() as meter:
+                        try:
+                            response = await handler(ctx, **kwargs)
+                        finally:
+                            d.limiter.charge(db_time_class, address, meter.seconds * 1000)
             except Exception as exc:  # mapped in one place; unknown errors become a bare 500
                 if body_limit and not ctx.body_read and not isinstance(exc, TooLarge):
                     await _drain(limit, ctx)

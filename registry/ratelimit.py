@@ -70,6 +70,13 @@ def take(
     return decision, Bucket(tokens, now)
 
 
+def charge(bucket: Bucket | None, rate: Rate, now: float, cost: float) -> Bucket:
+    """Take `cost` tokens after the fact (work measured once done): the bucket may go into
+    debt, at most one full bucket deep, and `take(..., cost=0)` refuses while it is in debt."""
+    tokens = refill(bucket, rate, now) - max(0.0, cost)
+    return Bucket(max(tokens, -rate.capacity), now)
+
+
 def is_idle(bucket: Bucket, rate: Rate, now: float) -> bool:
     return refill(bucket, rate, now) >= rate.capacity
 

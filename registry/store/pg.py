@@ -36,6 +36,7 @@ from registry.changes import (
     standing_outcome,
 )
 from registry.errors import Invalid, Unavailable
+from registry.metering import metered
 from registry.query import RegistryQuery
 from registry.store import (
     INLINE_ATTESTATIONS,
@@ -718,8 +719,11 @@ class PgStore:
 
     @_seam
     async def run_plan(self, plan: Plan) -> tuple[list[tuple[str | None, list[Any]]], int]:
-        """Run a compiled discovery plan (registry.store.discover)."""
-        rows = await self._pool.fetch(plan.sql, *plan.params)
+        """Run a compiled discovery plan (registry.store.discover); its time once it holds a
+        connection goes to the request's meter (registry.metering)."""
+        async with self._pool.acquire() as conn:
+            with metered():
+                rows = await conn.fetch(plan.sql, *plan.params)
         keys = [n for n in rows[0].keys() if n.startswith("k")]  # noqa: SIM118 (a Record iterates values)
         # No entry_did: no match at all (the count's row alone).
         page = [(r["doc"], [r[k] for k in keys]) for r in rows if r["entry_did"] is not None]

@@ -447,3 +447,53 @@ async def test_an_address_has_a_budget_of_body_bytes(database_url: str, tmp_path
             await error_of(r, 429, "write_rate_limited")
 
     await with_harness(config, body)
+
+
+async def test_an_address_pays_for_its_queries_database_time(
+    database_url: str, tmp_path: Path
+) -> None:
+    """A query's database time is paid after it ran, from its client address's
+    `query_db_ms_per_minute_per_address`: once in debt, the address is refused (any query
+    route, even a page the result cache holds) until the budget refills; another address is
+    not."""
+    config = make_config(
+        database_url,
+        tmp_path,
+        server={"trusted_proxies": 1},
+        limits={"query_db_ms_per_minute_per_address": 1},  # 1 ms a minute
+    )
+
+    def at(address: str) -> dict[str, str]:
+        return {"X-Forwarded-For": address}
+
+    async def body(h: Harness) -> None:
+        key = SigningKey.generate()
+        await create(h, key, await sign_in(h.client, key))
+        with trio.fail_after(30):
+            served = 0
+            for i in range(200):  # distinct texts: each a statement, none from the cache
+                r = await h.client.post(
+                    "/v1/discover", json={"text": f"agent{i}"}, headers=at("203.0.113.7")
+                )
+                if r.status_code != 200:
+                    break
+                served += 1
+            else:
+                raise AssertionError("200 statements never spent 1 ms of database time")
+            assert served >= 1  # the first one always runs: the budget is paid after the fact
+            error = await error_of(r, 429, "query_rate_limited")
+            assert "database time" in error["message"]
+            assert r.headers["RateLimit-Limit"] == "1"  # the budget that refused it, in ms
+            assert int(r.headers["Retry-After"]) >= 1
+            r = await h.client.post(
+                "/v1/discover/registryql",
+                json={"query": "DISCOVER *"},
+                headers=at("203.0.113.7"),
+            )
+            await error_of(r, 429, "query_rate_limited")
+            r = await h.client.post(
+                "/v1/discover", json={"text": "agent0"}, headers=at("203.0.113.8")
+            )
+            assert r.status_code == 200, await r.get_data()
+
+    await with_harness(config, body)

@@ -6,7 +6,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from registry.ratelimit import Backoff, Bucket, Decision, Rate, client_of, is_idle, refill, take
+from registry.ratelimit import (
+    Backoff,
+    Bucket,
+    Decision,
+    Rate,
+    charge,
+    client_of,
+    is_idle,
+    refill,
+    take,
+)
 
 
 def drain(rate: Rate, now: float, count: int) -> tuple[list[Decision], Bucket | None]:
@@ -199,3 +209,28 @@ def test_a_cost_takes_that_many_tokens_and_a_cost_above_the_capacity_a_full_buck
     decision, _ = take(None, rate, 0.0, cost=10_000)  # more than a full bucket: all of it
     assert decision.allowed
     assert decision.remaining == 0
+
+
+def test_a_charge_after_the_fact_runs_into_debt_and_refuses_until_repaid() -> None:
+    """Work measured once done (a query's database time): the bucket may go below zero, and a
+    zero-cost take (the admission check) refuses until it is back at zero."""
+    rate = Rate(600)  # 10 a second
+    decision, bucket = take(None, rate, 0.0, cost=0)
+    assert decision.allowed  # a full bucket admits
+    bucket = charge(bucket, rate, 0.0, cost=650)  # the query took more than the whole budget
+    assert bucket.tokens == pytest.approx(-50)
+    decision, bucket = take(bucket, rate, 1.0, cost=0)  # 10 refilled: still 40 in debt
+    assert not decision.allowed
+    assert decision.retry_after == pytest.approx(4.0)
+    decision, _ = take(bucket, rate, 5.0, cost=0)
+    assert decision.allowed
+
+
+def test_a_debt_is_at_most_one_full_bucket_and_a_negative_charge_takes_nothing() -> None:
+    rate = Rate(60)  # 1 a second
+    bucket = charge(None, rate, 0.0, cost=1_000_000)  # a statement that ran for ages
+    assert bucket.tokens == -60
+    decision, _ = take(bucket, rate, 0.0, cost=0)
+    assert decision.retry_after == pytest.approx(60.0)  # refused for at most a minute
+    assert charge(None, rate, 0.0, cost=-5).tokens == 60
+    assert not is_idle(charge(None, rate, 0.0, cost=0.5), rate, 0.0)  # a debt is remembered
