@@ -38,6 +38,7 @@ class RateLimiter:
         self._rates = dict(rates)
         self.processes = 1  # the configured rates are divided among this many processes
         self._buckets: dict[tuple[str, str], Bucket] = {}
+        self._in_flight: dict[tuple[str, str], int] = {}  # (class, client) -> running now
         self._handled = 0
         self._refused = 0
         self._sweeps = 0
@@ -67,6 +68,24 @@ class RateLimiter:
         self._buckets[key] = charge(self._buckets.get(key), rate, trio.current_time(), cost)
         if len(self._buckets) > MAX_BUCKETS:
             self._sweep(trio.current_time())
+
+    def enter(self, klass: str, client: str, most: int) -> bool:
+        """Count one more request of `klass` running for `client`, unless `most` already are
+        (then False). Each True must be matched by one `leave`."""
+        key = (klass, client)
+        running = self._in_flight.get(key, 0)
+        if running >= most:
+            return False
+        self._in_flight[key] = running + 1
+        return True
+
+    def leave(self, klass: str, client: str) -> None:
+        key = (klass, client)
+        running = self._in_flight[key] - 1
+        if running:
+            self._in_flight[key] = running
+        else:
+            del self._in_flight[key]
 
     def share(self, processes: int) -> None:
         """Admit `1/processes` of each configured rate (at least 1 a minute), so that N

@@ -29,7 +29,7 @@ from registry import canonical
 from registry.caches import FollowedCache
 from registry.config import Config
 from registry.errors import Invalid, RateLimited, TooLarge, Unauthorized, UnsupportedMediaType
-from registry.metering import metering
+from registry.metering import db_meter
 from registry.ratelimit import Decision, client_of
 from registry.store import Store
 from registry.usecases.anchors import Anchors
@@ -274,14 +274,14 @@ def endpoint(
                 if db_time_class is not None:
                     # Paid after the fact: an address whose queries took more database time
                     # than its budget is refused until the budget has refilled.
-                    owed = d.limiter.acquire(db_time_class, address, cost=0)
-                    if not owed.allowed:
+                    in_debt = d.limiter.acquire(db_time_class, address, cost=0)
+                    if not in_debt.allowed:
                         g.rate_class = db_time_class
                         raise RateLimited(
                             f"{klass} database time exceeded for this client address"
                             " (limits.query_db_ms_per_minute_per_address)",
-                            retry_after=owed.retry_after,
-                            limit=owed.limit,
+                            retry_after=in_debt.retry_after,
+                            limit=in_debt.limit,
                             code=f"{klass}_rate_limited",
                         )
                 client = ctx.principal.did if ctx.principal else address
@@ -315,10 +315,24 @@ def endpoint(
                 if db_time_class is None:
                     response = await handler(ctx, **kwargs)
                 else:
-                    with metering() as meter:
+                    # What queries in flight will cost is known only when they end: an
+                    # address runs a few at once, so a burst cannot outrun its budget.
+                    most = d.config.limits.query_concurrency_per_address
+                    if not d.limiter.enter(db_time_class, address, most):
+                        g.rate_class = db_time_class
+                        ctx.decision = None  # the answer's RateLimit-* say how many may run
+                        raise RateLimited(
+                            f"{most} {klass} requests of this client address are running"
+                            " (limits.query_concurrency_per_address)",
+                            retry_after=1.0,
+                            limit=most,
+                            code=f"{klass}_rate_limited",
+                        )
+                    with db_meter() as meter:
                         try:
                             response = await handler(ctx, **kwargs)
                         finally:
+                            d.limiter.leave(db_time_class, address)
                             d.limiter.charge(db_time_class, address, meter.seconds * 1000)
             except Exception as exc:  # mapped in one place; unknown errors become a bare 500
                 if body_limit and not ctx.body_read and not isinstance(exc, TooLarge):

@@ -138,6 +138,9 @@ class LimitsConfig(_Section):
     # The database time (milliseconds) one client address's queries may take a minute, paid
     # after each query ran: a costly query leaves its address refused until the budget refills.
     query_db_ms_per_minute_per_address: Annotated[int, Field(ge=1)] = 15_000
+    # Queries of one client address running at once in one process (the database time of those
+    # in flight is not known until they end).
+    query_concurrency_per_address: Annotated[int, Field(ge=1, le=1000)] = 4
     max_page_size: Annotated[int, Field(ge=1, le=1000)] = 100
     default_page_size: Annotated[int, Field(ge=1, le=1000)] = DEFAULT_PAGE_SIZE
     entry_body_bytes: Annotated[int, Field(ge=1024)] = 1024 * 1024

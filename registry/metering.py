@@ -2,14 +2,15 @@
 
 A discovery statement's cost depends on what it asks and on the data, not on its size: an OR of
 fifty common words ranks most of the table, a negated word cannot use an index. So a query
-endpoint meters the database time its statements take (`metering`), and its client address
-pays it from a budget after the fact: a client may spend a little past its budget, once, and is
-then refused until the budget has refilled.
+route opens a meter (`db_meter`) around its handler, the store times each statement it runs for
+it (`timed_statement`), and the route's client address pays the total from a budget after the
+fact.
 
-The meter travels in a context variable: the store adds to the meter of the task that runs the
-statement (and of its child tasks, which share the object), whatever layers lie in between.
-Time is the statement's wall-clock time once it holds a connection: waiting for a connection is
-not charged.
+The meter travels in a context variable: a statement run by the handler's task, or by a task it
+started (child tasks see the same meter object), adds to it, whatever layers lie in between.
+The time is the statement's wall-clock time once it holds a connection: waiting for a
+connection is not charged, but time the event loop spends on other tasks while the statement's
+answer waits to be read is.
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ _CURRENT: ContextVar[Meter | None] = ContextVar("registry_db_meter", default=Non
 
 
 @contextmanager
-def metering() -> Iterator[Meter]:
-    """Meter the database time of the statements run inside the block (and by its children)."""
+def db_meter() -> Iterator[Meter]:
+    """A meter of the database time of the statements timed inside the block (and by the tasks
+    started there)."""
     meter = Meter()
     token = _CURRENT.set(meter)
     try:
@@ -41,8 +43,8 @@ def metering() -> Iterator[Meter]:
 
 
 @contextmanager
-def metered() -> Iterator[None]:
-    """Add the block's wall-clock time to the current meter, if any."""
+def timed_statement() -> Iterator[None]:
+    """Add the block's wall-clock time to the current meter, if there is one."""
     meter = _CURRENT.get()
     if meter is None:
         yield

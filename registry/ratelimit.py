@@ -71,10 +71,9 @@ def take(
 
 
 def charge(bucket: Bucket | None, rate: Rate, now: float, cost: float) -> Bucket:
-    """Take `cost` tokens after the fact (work measured once done): the bucket may go into
-    debt, at most one full bucket deep, and `take(..., cost=0)` refuses while it is in debt."""
-    tokens = refill(bucket, rate, now) - max(0.0, cost)
-    return Bucket(max(tokens, -rate.capacity), now)
+    """Take `cost` tokens after the fact (work measured once done): the bucket goes into debt
+    by what the work cost beyond it, and `take(..., cost=0)` refuses until that is repaid."""
+    return Bucket(refill(bucket, rate, now) - max(0.0, cost), now)
 
 
 def is_idle(bucket: Bucket, rate: Rate, now: float) -> bool:

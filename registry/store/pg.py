@@ -36,7 +36,7 @@ from registry.changes import (
     standing_outcome,
 )
 from registry.errors import Invalid, Unavailable
-from registry.metering import metered
+from registry.metering import timed_statement
 from registry.query import RegistryQuery
 from registry.store import (
     INLINE_ATTESTATIONS,
@@ -85,6 +85,15 @@ SESSION_SETTINGS: dict[str, str] = {
     # notices a closed socket only when it next writes to it: a statement whose caller gave up
     # (an expensive discovery query, say) would run on. The server ends it a little later.
     "statement_timeout": f"{int(QUERY_TIMEOUT_SECONDS * 1000) + 5000}ms",
+}
+# Settings of PostgreSQL 14 on, set where the server has them (LeanPool `settings_since`).
+SESSION_SETTINGS_SINCE: dict[int, dict[str, str]] = {
+    14: {
+        # A statement whose caller went away (a client that disconnected, a call that timed
+        # out: the pool closes the connection) stops within this interval, not at
+        # statement_timeout: its address paid for its database time only until then.
+        "client_connection_check_interval": "100ms",
+    },
 }
 
 
@@ -722,7 +731,7 @@ class PgStore:
         """Run a compiled discovery plan (registry.store.discover); its time once it holds a
         connection goes to the request's meter (registry.metering)."""
         async with self._pool.acquire() as conn:
-            with metered():
+            with timed_statement():
                 rows = await conn.fetch(plan.sql, *plan.params)
         keys = [n for n in rows[0].keys() if n.startswith("k")]  # noqa: SIM118 (a Record iterates values)
         # No entry_did: no match at all (the count's row alone).
@@ -1344,6 +1353,7 @@ def _lean_pool(dsn: str, *, min_size: int, max_size: int) -> LeanPool:
             **SESSION_SETTINGS,
             "application_name": f"registry {secrets.token_hex(6)}",
         },
+        settings_since=SESSION_SETTINGS_SINCE,
     )
 
 

@@ -25,6 +25,7 @@ connections, and `listen` unlistens before giving one back.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -33,6 +34,8 @@ from urllib.parse import parse_qs, urlsplit
 
 import asyncpg
 
+log = logging.getLogger(__name__)
+
 RETRY_SECONDS = 5.0  # after PostgreSQL refused a connection, how long the pool makes do
 
 
@@ -40,11 +43,20 @@ class LeanPool:
     """Up to `max_size` connections to `dsn`, `min_size` of them opened by `open`."""
 
     def __init__(
-        self, dsn: str, *, min_size: int, max_size: int, server_settings: dict[str, str]
+        self,
+        dsn: str,
+        *,
+        min_size: int,
+        max_size: int,
+        server_settings: dict[str, str],
+        settings_since: dict[int, dict[str, str]] | None = None,
     ) -> None:
         self._dsn = dsn
         self._min_size = min_size
         self._server_settings = server_settings
+        # Settings that exist from a server major version on: set after connecting, where the
+        # server has them and accepts their value (a platform may not support one).
+        self._settings_since = settings_since or {}
         self._idle: list[asyncpg.Connection] = []
         self._all: set[asyncpg.Connection] = set()
         self._slots = asyncio.Semaphore(max_size)
@@ -76,8 +88,24 @@ class LeanPool:
             timeout=None,
             max_cached_statement_lifetime=0,
         )
+        try:
+            await self._set_later_settings(conn)
+        except BaseException:
+            conn.terminate()
+            raise
         self._all.add(conn)
         return conn
+
+    async def _set_later_settings(self, conn: asyncpg.Connection) -> None:
+        major = conn.get_server_version().major
+        for since, settings in self._settings_since.items():
+            if major < since:
+                continue
+            for name, value in settings.items():
+                try:
+                    await conn.execute("SELECT set_config($1, $2, false)", name, value)
+                except asyncpg.InvalidParameterValueError as exc:
+                    log.debug("%s is not set on this server: %s", name, exc)
 
     async def take(self, *, lasting: bool = False) -> asyncpg.Connection:
         """A connection for the caller alone until `give_back` (or `discard`); `lasting`: held

@@ -167,3 +167,28 @@ def test_a_share_never_falls_below_one_a_minute() -> None:
     limiter = RateLimiter(RATES)
     limiter.share(1000)
     assert limiter._rates["write"] == Rate(1)
+
+
+def test_a_client_runs_at_most_so_many_at_once_and_each_end_frees_a_place() -> None:
+    limiter = RateLimiter(RATES)
+    assert limiter.enter("query", "alice", 2)
+    assert limiter.enter("query", "alice", 2)
+    assert not limiter.enter("query", "alice", 2)  # two running
+    assert limiter.enter("query", "bob", 2)  # another client's count is its own
+    limiter.leave("query", "alice")
+    assert limiter.enter("query", "alice", 2)
+    for client in ("alice", "alice", "bob"):
+        limiter.leave("query", client)
+    assert limiter._in_flight == {}  # nothing kept for clients with nothing running
+
+
+async def test_a_charge_after_the_fact_refuses_until_the_debt_is_paid(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    limiter = RateLimiter(RATES)
+    limiter.charge("query", "alice", 150)  # 2/s: 30 tokens short
+    decision = limiter.acquire("query", "alice", cost=0)
+    assert not decision.allowed
+    assert decision.retry_after == pytest.approx(15.0)
+    await trio.sleep(15)
+    assert limiter.acquire("query", "alice", cost=0).allowed

@@ -497,3 +497,60 @@ async def test_an_address_pays_for_its_queries_database_time(
             assert r.status_code == 200, await r.get_data()
 
     await with_harness(config, body)
+
+
+async def test_an_address_runs_a_few_queries_at_once(database_url: str, tmp_path: Path) -> None:
+    """What a running query costs is known only when it ends: an address runs at most
+    `query_concurrency_per_address` at once, so a burst cannot outrun its database time."""
+    config = make_config(
+        database_url,
+        tmp_path,
+        server={"trusted_proxies": 1},
+        limits={"query_concurrency_per_address": 2},
+    )
+
+    async def body(h: Harness) -> None:
+        store = h.deps.discovery.store
+        original = store.discover
+        release, both_running = trio.Event(), trio.Event()
+        running = 0
+
+        async def held(*args: Any, **kwargs: Any) -> Any:
+            nonlocal running
+            running += 1
+            if running == 2:
+                both_running.set()
+            await release.wait()
+            return await original(*args, **kwargs)
+
+        store.discover = held  # type: ignore[method-assign]
+        answers: list[int] = []
+
+        async def query(text: str, address: str) -> None:
+            r = await h.client.post(
+                "/v1/discover", json={"text": text}, headers={"X-Forwarded-For": address}
+            )
+            answers.append(r.status_code)
+
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(query, "one", "203.0.113.9")
+                nursery.start_soon(query, "two", "203.0.113.9")
+                await both_running.wait()
+                r = await h.client.post(
+                    "/v1/discover",
+                    json={"text": "three"},
+                    headers={"X-Forwarded-For": "203.0.113.9"},
+                )
+                error = await error_of(r, 429, "query_rate_limited")
+                assert "running" in error["message"]
+                assert r.headers["RateLimit-Limit"] == "2"
+                nursery.start_soon(query, "four", "203.0.113.10")  # another address: its own
+                release.set()
+            assert answers == [200, 200, 200]
+            r = await h.client.post(
+                "/v1/discover", json={"text": "five"}, headers={"X-Forwarded-For": "203.0.113.9"}
+            )
+            assert r.status_code == 200, await r.get_data()
+
+    await with_harness(config, body)

@@ -6,45 +6,42 @@ import time
 
 import trio
 
-from registry.metering import metered, metering
+from registry.metering import db_meter, timed_statement
 
 
-def test_a_metered_block_adds_its_time_to_the_meter_and_nothing_without_one() -> None:
-    with metered():  # no meter: nothing to add to, and no error
+def test_a_timed_statement_adds_its_time_to_the_meter_and_nothing_without_one() -> None:
+    with timed_statement():  # no meter: nothing to add to, and no error
         pass
-    with metering() as meter:
+    with db_meter() as meter:
         assert meter.seconds == 0.0
-        with metered():
+        with timed_statement():
             started = time.perf_counter()
             while time.perf_counter() - started < 0.002:
                 pass
-        first = meter.seconds
-        assert first >= 0.002
-        with metered():
+        assert meter.seconds >= 0.002
+        with timed_statement():
             pass
-        assert meter.seconds >= first
-    with metered():  # the block is over: its meter no longer collects
-        pass
-    assert meter.seconds < first + 0.002
+    metered = meter.seconds
+    with timed_statement():  # the meter's block is over: it no longer collects
+        started = time.perf_counter()
+        while time.perf_counter() - started < 0.002:
+            pass
+    assert meter.seconds == metered
 
 
-async def test_child_tasks_add_to_the_meter_of_the_task_that_started_them() -> None:
+async def test_tasks_started_inside_the_block_add_to_its_meter() -> None:
     async def statement() -> None:
-        with metered():
+        with timed_statement():
             await trio.lowlevel.checkpoint()
 
-    with metering() as meter:
+    with db_meter() as meter:
         async with trio.open_nursery() as nursery:
             for _ in range(3):
                 nursery.start_soon(statement)
     assert meter.seconds > 0.0
 
-    async def elsewhere() -> None:  # a task started outside the metered block
-        with metered():
-            await trio.lowlevel.checkpoint()
-
-    with metering() as other:
+    with db_meter() as other:
         pass
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(elsewhere)
+    async with trio.open_nursery() as nursery:  # started outside any meter's block
+        nursery.start_soon(statement)
     assert other.seconds == 0.0

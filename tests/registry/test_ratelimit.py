@@ -226,11 +226,11 @@ def test_a_charge_after_the_fact_runs_into_debt_and_refuses_until_repaid() -> No
     assert decision.allowed
 
 
-def test_a_debt_is_at_most_one_full_bucket_and_a_negative_charge_takes_nothing() -> None:
+def test_a_debt_is_what_the_work_cost_and_a_negative_charge_takes_nothing() -> None:
     rate = Rate(60)  # 1 a second
-    bucket = charge(None, rate, 0.0, cost=1_000_000)  # a statement that ran for ages
-    assert bucket.tokens == -60
+    bucket = charge(None, rate, 0.0, cost=150)  # a statement that ran 2.5 budgets long
+    assert bucket.tokens == -90
     decision, _ = take(bucket, rate, 0.0, cost=0)
-    assert decision.retry_after == pytest.approx(60.0)  # refused for at most a minute
+    assert decision.retry_after == pytest.approx(90.0)  # refused until it has been paid
     assert charge(None, rate, 0.0, cost=-5).tokens == 60
     assert not is_idle(charge(None, rate, 0.0, cost=0.5), rate, 0.0)  # a debt is remembered
