@@ -155,6 +155,13 @@ class FollowedCache(Generic[K, V]):
         }
 
 
+# What an entry change asks the database about the MATCH texts of the cached pages, at most
+# (`ResultCache.match_texts`): PostgreSQL parses ~10 MB of query text a second (2,000 texts of
+# ~500 characters: ~100 ms), and every write waits for the answer.
+MATCH_TEXTS_ASKED = 256
+MATCH_TEXT_CHARS_ASKED = 16 * 1024
+
+
 def _page_weight(item: tuple[RegistryQuery, str]) -> int:
     """What a cached page holds: its body, and its query three times over (the key, its repr,
     and the parsed query: ~2.5x its text, measured with tracemalloc), plus ~1 KB of the rest.
@@ -186,6 +193,7 @@ class ResultCache(FollowedCache[str, tuple[RegistryQuery, str]]):
         self._by_anchor: dict[str, tuple[Expr | None, set[str]]] = {}
         self._texts: dict[str, tuple[str, ...]] = {}  # page key → its query's MATCH texts
         self._text_pages: Counter[str] = Counter()
+        self._text_chars = 0  # of the distinct texts in _text_pages
 
     def _added(self, key: str, value: tuple[RegistryQuery, str]) -> None:
         query = value[0]
@@ -196,7 +204,10 @@ class ResultCache(FollowedCache[str, tuple[RegistryQuery, str]]):
         texts = tuple(match_texts_in(query.where))
         if texts:
             self._texts[key] = texts
-            self._text_pages.update(texts)
+            for text in texts:
+                if not self._text_pages[text]:
+                    self._text_chars += len(text)
+                self._text_pages[text] += 1
 
     def _removed(self, key: str) -> None:
         name = self._anchors.pop(key)
@@ -208,6 +219,7 @@ class ResultCache(FollowedCache[str, tuple[RegistryQuery, str]]):
             self._text_pages[text] -= 1
             if not self._text_pages[text]:
                 del self._text_pages[text]
+                self._text_chars -= len(text)
 
     def dropped_for(self, seq: int) -> None:
         """The pages change `seq` can move are gone, or will be before anything awaits (the
@@ -257,5 +269,24 @@ class ResultCache(FollowedCache[str, tuple[RegistryQuery, str]]):
         return True
 
     def match_texts(self) -> set[str]:
-        """The MATCH texts of the cached queries (the database decides those per change)."""
-        return set(self._text_pages)
+        """The MATCH texts the database is asked about for each entry change: those of the
+        cached queries, up to MATCH_TEXTS_ASKED texts of MATCH_TEXT_CHARS_ASKED characters in
+        all, the most recently used pages' first. Parsing them is the check's cost, and it is
+        every write's; a page whose text is not asked about is dropped by every entry change
+        (`registry.matching`: "maybe")."""
+        if (
+            len(self._text_pages) <= MATCH_TEXTS_ASKED
+            and self._text_chars <= MATCH_TEXT_CHARS_ASKED
+        ):
+            return set(self._text_pages)
+        asked: set[str] = set()
+        chars = 0
+        for key in reversed(self._items):  # most recently used first
+            for text in self._texts.get(key, ()):
+                if text in asked:
+                    continue
+                chars += len(text)
+                if len(asked) == MATCH_TEXTS_ASKED or chars > MATCH_TEXT_CHARS_ASKED:
+                    return asked
+                asked.add(text)
+        return asked

@@ -108,3 +108,35 @@ def test_most_queries_have_an_anchor_and_it_is_selective() -> None:
     assert sum(a is not None for a in anchors) >= len(anchors) * 0.9
     tag_query = parse_registryql(f"DISCOVER * WHERE tags CONTAINS '{TAGS[0]}' AND sequence > 3")
     assert anchor_of(tag_query) == tag_query.where.exprs[0]  # type: ignore[union-attr]
+
+
+def test_a_change_asks_about_a_bounded_set_of_texts_the_most_recently_used_first() -> None:
+    """Parsing the asked texts is every write's cost: past MATCH_TEXTS_ASKED texts (or
+    MATCH_TEXT_CHARS_ASKED characters) the least recently used are not asked about, and an
+    entry change drops their pages ("maybe"), while a page asked about and not matched stays."""
+    from registry.caches import MATCH_TEXT_CHARS_ASKED, MATCH_TEXTS_ASKED
+
+    cache = ResultCache(10_000)
+    cache.enabled = True
+    count = MATCH_TEXTS_ASKED + 50
+    for i in range(count):
+        query = parse_registryql(f"DISCOVER * WHERE MATCH 'word{i}'")
+        cache.put(f"page{i}", (query, "[]"), cache.epoch)
+    assert cache.get("page0") is not None  # now the most recently used
+    asked = cache.match_texts()
+    assert len(asked) == MATCH_TEXTS_ASKED
+    assert "word0" in asked and f"word{count - 1}" in asked
+    assert "word1" not in asked  # the least recently used
+    doc = _docs(1)[0]
+    cache.entry_changed([facts_of(doc, asked=asked, matched=[])])
+    kept = {f"word{i}" for i in range(count) if cache.get(f"page{i}") is not None}
+    assert kept == asked
+
+    long = ResultCache(10_000)
+    long.enabled = True
+    text = "x" * 500
+    for i in range(MATCH_TEXT_CHARS_ASKED // 500 + 5):
+        query = parse_registryql(f"DISCOVER * WHERE MATCH '{text}{i}'")
+        long.put(f"page{i}", (query, "[]"), long.epoch)
+    asked = long.match_texts()
+    assert sum(map(len, asked)) <= MATCH_TEXT_CHARS_ASKED < sum(map(len, asked)) + 600
