@@ -91,8 +91,8 @@ BEGIN
                updated_at = p.updated_at, search = p.search
          WHERE s.entry_did = p_did;
     END IF;
-    INSERT INTO entry_versions (seq, entry_did, publisher_did, lifecycle, doc)
-    VALUES (p_seq, p_did, v_publisher, v_lifecycle, v_doc);
+    INSERT INTO entry_versions (seq, entry_did, publisher_did, lifecycle, doc, version)
+    VALUES (p_seq, p_did, v_publisher, v_lifecycle, v_doc, p.version);
     IF p_rows ? 'anchor' THEN
         INSERT INTO anchor_intents (intent_id, entry_did, sequence, operation, item_data_hash)
         VALUES ('ai_' || p_seq, p_did, p_seq, p_rows #>> '{anchor,operation}',

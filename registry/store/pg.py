@@ -97,6 +97,17 @@ SESSION_SETTINGS_SINCE: dict[int, dict[str, str]] = {
 }
 
 
+# The records after $1 (at most $2) with the hash of the entry version each wrote. The versions'
+# range is given too: without it the planner merge-joined from the first version, reading every
+# version below $1 (37 ms at 15,000 of 20,000; linear in the position asked).
+LOG_RECORDS_SQL = (
+    "SELECT l.seq, l.kind, l.entry_did, l.at, l.data,"
+    "       encode(sha256(convert_to(v.doc, 'UTF8')), 'hex') AS document_hash"
+    "  FROM log l LEFT JOIN entry_versions v ON v.seq = l.seq AND v.seq > $1"
+    " WHERE l.seq > $1 ORDER BY l.seq LIMIT $2"
+)
+
+
 # Database faults, by SQLSTATE (PostgreSQL, Appendix A): exact codes first, then classes. Each
 # is a condition the database is in, not a fault of the request: 503 with a code that names it,
 # and the actors back off and retry. What is not here (syntax, undefined objects, constraint
@@ -697,9 +708,11 @@ class PgStore:
 
     @_seam
     async def version_labelled(self, entry_did: str, version: str) -> tuple[int, str] | None:
+        # The label column (migration 0023); versions written before it are parsed.
         row = await self._pool.fetchrow(
             "SELECT seq, doc FROM entry_versions WHERE entry_did = $1 AND lifecycle <> 'deleted'"
-            " AND doc::jsonb ->> 'version' = $2 ORDER BY seq LIMIT 1",
+            " AND (version = $2 OR version IS NULL AND doc::jsonb ->> 'version' = $2)"
+            " ORDER BY seq LIMIT 1",
             entry_did,
             version,
         )
@@ -948,14 +961,7 @@ class PgStore:
 
     @_seam
     async def log_records(self, after_seq: int, limit: int) -> list[tuple[LogRecord, str | None]]:
-        rows = await self._pool.fetch(
-            "SELECT l.seq, l.kind, l.entry_did, l.at, l.data,"
-            "       encode(sha256(convert_to(v.doc, 'UTF8')), 'hex') AS document_hash"
-            "  FROM log l LEFT JOIN entry_versions v ON v.seq = l.seq"
-            " WHERE l.seq > $1 ORDER BY l.seq LIMIT $2",
-            after_seq,
-            limit,
-        )
+        rows = await self._pool.fetch(LOG_RECORDS_SQL, after_seq, limit)
         return [
             (
                 LogRecord(r["seq"], r["kind"], r["entry_did"], _ms(r["at"]), json.loads(r["data"])),

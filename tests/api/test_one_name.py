@@ -104,3 +104,29 @@ async def test_a_version_string_names_one_content_forever(harness: Harness) -> N
         lifecycleStatus="active",
     )
     await error_of(r, 409, "version_exists")
+
+
+async def test_the_version_label_is_read_from_its_column_and_from_older_rows(
+    harness: Harness,
+) -> None:
+    """The label check reads each version's `version` column (migration 0023) instead of
+    parsing every earlier document; versions written before it (NULL there) are still found."""
+    import trio_asyncio
+
+    h = harness
+    key, token = await publisher(h)
+    created = await create(h, key, token, version="1.0.0")
+    did = created["entryDid"]
+    run = trio_asyncio.aio_as_trio
+    pool = h.store._pool  # type: ignore[attr-defined]
+    labels = await run(pool.fetch)("SELECT version FROM entry_versions WHERE entry_did = $1", did)
+    assert [r["version"] for r in labels] == ["1.0.0"]
+    await run(pool.execute)("UPDATE entry_versions SET version = NULL WHERE entry_did = $1", did)
+    r = await update(h, key, token, did, created["sequence"], version="1.0.0", name="Other")
+    await error_of(r, 409, "version_exists")  # found by its document, as before
+    r = await update(h, key, token, did, created["sequence"], version="2.0.0", name="Other")
+    assert r.status_code == 200, await r.get_data()
+    labels = await run(pool.fetch)(
+        "SELECT version FROM entry_versions WHERE entry_did = $1 ORDER BY seq", did
+    )
+    assert [r["version"] for r in labels] == [None, "2.0.0"]

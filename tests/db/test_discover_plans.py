@@ -226,3 +226,32 @@ def test_the_page_statement_alone_explains_with_a_cursor(seeded_url: str, order:
     plan = compile_discover(query, limit=20, after=after)
     scans = asyncio.run(_explain(seeded_url, plan.page_sql, plan.page_params))
     assert not _SEQ_SCANS & set(scans), f"{order}: {scans}"
+
+
+def _rows_read(plan: dict[str, Any], relation: str) -> int:
+    own = plan.get("Actual Rows", 0) * plan.get("Actual Loops", 1)
+    read = own if plan.get("Relation Name") == relation else 0
+    return read + sum(_rows_read(child, relation) for child in plan.get("Plans", ()))
+
+
+@pytest.mark.parametrize("after", [10, 50_000, 99_000])
+def test_a_page_of_log_records_reads_only_the_versions_of_its_page(
+    seeded_url: str, after: int
+) -> None:
+    """GET /v1/log/records?from=N joins each record with the version it wrote: that read must
+    not grow with N (the planner merge-joined from the first version: every one below N)."""
+    from registry.store.pg import LOG_RECORDS_SQL
+
+    async def explain() -> dict[str, Any]:
+        conn = await asyncpg.connect(seeded_url, server_settings=SESSION_SETTINGS)
+        try:
+            raw = await conn.fetchval(
+                f"EXPLAIN (ANALYZE, FORMAT JSON) {LOG_RECORDS_SQL}", after, 101
+            )
+        finally:
+            await conn.close()
+        return dict(json.loads(raw)[0]["Plan"])
+
+    plan = asyncio.run(explain())
+    assert _rows_read(plan, "log") <= 101
+    assert _rows_read(plan, "entry_versions") <= 102, plan
