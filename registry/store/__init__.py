@@ -248,8 +248,12 @@ class EntryStore(Protocol):
 
     async def get_entry_head(self, entry_did: str) -> EntryHead | None: ...
     async def list_versions(
-        self, entry_did: str, before_seq: int | None, limit: int
-    ) -> tuple[list[str], int]: ...
+        self, entry_did: str, before_seq: int | None, limit: int, page_bytes: int
+    ) -> tuple[list[str | None], int]:
+        """Live versions, newest first, and their count; a version whose newer ones on the page
+        hold `page_bytes` comes as None (its document is not read)."""
+        ...
+
     async def get_version(self, entry_did: str, seq: int) -> str | None: ...
     async def anchor_states(self, entry_did: str, sequences: list[int]) -> dict[int, str]:
         """The state of the anchor intent of each entry version in `sequences` that has one."""
@@ -271,9 +275,10 @@ class EntryStore(Protocol):
         ...
 
     async def replica_versions(
-        self, entry_did: str, origin_did: str, before_seq: int | None, limit: int
-    ) -> tuple[list[str], int]:
-        """Live (not tombstone) replica versions of one origin, newest first, and their count."""
+        self, entry_did: str, origin_did: str, before_seq: int | None, limit: int, page_bytes: int
+    ) -> tuple[list[str | None], int]:
+        """Live (not tombstone) replica versions of one origin, newest first, and their count;
+        None past `page_bytes`, as `list_versions`."""
         ...
 
     async def replica_version(self, entry_did: str, origin_did: str, seq: int) -> str | None: ...

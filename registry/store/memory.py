@@ -978,12 +978,12 @@ class MemoryStore:
         return [v for v in versions if v.lifecycle != "deleted"]
 
     async def list_versions(
-        self, entry_did: str, before_seq: int | None, limit: int
-    ) -> tuple[list[str], int]:
+        self, entry_did: str, before_seq: int | None, limit: int, page_bytes: int
+    ) -> tuple[list[str | None], int]:
         await self._call(write=False)
         live = self._live_versions(entry_did)
         page = [v.doc for v in live if before_seq is None or v.seq < before_seq]
-        return page[:limit], len(live)
+        return _within(page[:limit], page_bytes), len(live)
 
     async def anchor_states(self, entry_did: str, sequences: list[int]) -> dict[int, str]:
         await self._call(write=False)
@@ -1166,8 +1166,8 @@ class MemoryStore:
         return ReplicaVersion(origin, seq, r.lifecycle, r.doc)
 
     async def replica_versions(
-        self, entry_did: str, origin_did: str, before_seq: int | None, limit: int
-    ) -> tuple[list[str], int]:
+        self, entry_did: str, origin_did: str, before_seq: int | None, limit: int, page_bytes: int
+    ) -> tuple[list[str | None], int]:
         await self._call(write=False)
         live = sorted(
             (
@@ -1178,7 +1178,7 @@ class MemoryStore:
             reverse=True,
         )
         page = [doc for seq, doc in live if before_seq is None or seq < before_seq]
-        return page[:limit], len(live)
+        return _within(page[:limit], page_bytes), len(live)
 
     async def replica_version(self, entry_did: str, origin_did: str, seq: int) -> str | None:
         await self._call(write=False)
@@ -1284,3 +1284,13 @@ class MemoryStore:
 
 if TYPE_CHECKING:
     _conforms: Store = MemoryStore()  # mypy checks the fake against the whole port
+
+
+def _within(docs: list[str], page_bytes: int) -> list[str | None]:
+    """`docs`, None for each whose predecessors hold `page_bytes` (as the SQL of PgStore)."""
+    out: list[str | None] = []
+    held = 0
+    for doc in docs:
+        out.append(doc if held < page_bytes else None)
+        held += len(doc.encode())
+    return out

@@ -298,9 +298,10 @@ class Entries:
                 raise
         size = page_size(self.config.limits, limit)
         before = self._before(cursor)
-        docs, total = await self.store.replica_versions(did, found.origin_did, before, size + 1)
-        has_more = len(docs) > size
-        docs = docs[:size]
+        rows, total = await self.store.replica_versions(
+            did, found.origin_did, before, size + 1, self.config.limits.versions_page_bytes
+        )
+        docs, has_more = _page_of(rows, size)
         next_cursor = str(_sequence_of(docs[-1])) if has_more and docs else None
         return docs, next_cursor, has_more, total, found.origin_did
 
@@ -340,9 +341,11 @@ class Entries:
                 raise Invalid(
                     "cursor must be a sequence from a previous page", code="invalid_cursor"
                 )
-        docs, total = await self.store.list_versions(did, before, size + 1)
-        has_more = len(docs) > size
-        docs = await self._with_anchor_states(did, docs[:size])
+        rows, total = await self.store.list_versions(
+            did, before, size + 1, self.config.limits.versions_page_bytes
+        )
+        docs, has_more = _page_of(rows, size)
+        docs = await self._with_anchor_states(did, docs)
         next_cursor = str(_sequence_of(docs[-1])) if has_more and docs else None
         return docs, next_cursor, has_more, total
 
@@ -412,6 +415,17 @@ class Entries:
         if head is None or head.lifecycle == "deleted":
             raise NotFound("entry not found", code="entry_not_found", details={"entryDid": did})
         return head
+
+
+def _page_of(rows: list[str | None], size: int) -> tuple[list[str], bool]:
+    """The page of `size` versions (the store read one more) and whether more follow: a page
+    ends early at the first version left out for `limits.versions_page_bytes` (None)."""
+    page: list[str] = []
+    for doc in rows[:size]:
+        if doc is None:
+            return page, True
+        page.append(doc)
+    return page, len(rows) > size
 
 
 # What a version string names: the publisher's payload but its status and owner.

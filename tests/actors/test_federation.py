@@ -415,7 +415,7 @@ async def test_pages_become_replicas_in_order_then_the_actor_polls(
         assert (state.cursor, state.head, state.lag) == (11, 11, 0)
     assert await rig.store.replica_head(a) == ReplicaVersion(peer.did, 8, "deleted", jcs(served[4]))
     # The versions of `a` as served (newest first), the tombstone not among them.
-    assert await rig.store.replica_versions(a, peer.did, None, 10) == (
+    assert await rig.store.replica_versions(a, peer.did, None, 10, 1 << 20) == (
         [jcs(served[2]), jcs(served[0])],
         2,
     )

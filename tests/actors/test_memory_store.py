@@ -268,16 +268,18 @@ async def test_versions_exclude_the_tombstone_and_the_head_shows_it() -> None:
     await store.append(
         [(create("a"), None), (create("b"), None), (update("a", 1), None), (update("a", 3), None)]
     )
-    docs, total = await store.list_versions(did("a"), None, 10)
+    docs, total = await store.list_versions(did("a"), None, 10, 1 << 20)
     assert ([json.loads(d)["sequence"] for d in docs], total) == ([4, 3, 1], 3)
-    docs, total = await store.list_versions(did("a"), 4, 1)
+    docs, total = await store.list_versions(did("a"), 4, 1, 1 << 20)
     assert ([json.loads(d)["sequence"] for d in docs], total) == ([3], 3)
+    docs, _ = await store.list_versions(did("a"), None, 10, 1)  # past the page bytes: None
+    assert [d is not None for d in docs] == [True, False, False]
     await store.append([(delete("a", 4), None)])
     head = await store.get_entry_head(did("a"))
     assert head is not None
     assert (head.head_seq, head.lifecycle, head.publisher_did) == (5, "deleted", PUBLISHER)
     assert json.loads(head.doc)["sequence"] == 5
-    docs, total = await store.list_versions(did("a"), None, 10)
+    docs, total = await store.list_versions(did("a"), None, 10, 1 << 20)
     assert ([json.loads(d)["sequence"] for d in docs], total) == ([4, 3, 1], 3)
     assert await store.get_version(did("a"), 5) is None
     assert await store.get_version(did("a"), 2) is None  # another entry's version

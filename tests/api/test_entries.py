@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,8 +22,9 @@ from tests.api.api_support import (
     update,
     updated,
     versions,
+    with_harness,
 )
-from tests.conftest import Harness
+from tests.conftest import Harness, make_config
 from tests.helpers import bearer, entry_template, idem, new_did, sign_in, signed_entry
 
 # --- create ---------------------------------------------------------------------------------
@@ -728,6 +730,41 @@ async def test_versions_newest_first_with_paging(harness: Harness) -> None:
     sequences = [v["sequence"] for v in seen]
     assert sequences == sorted(sequences, reverse=True)
     assert len(set(sequences)) == 5
+
+
+async def test_a_page_of_versions_ends_once_its_documents_hold_the_page_bytes(
+    database_url: str, tmp_path: Path
+) -> None:
+    """Versions may be 1 MiB each: a page ends early (hasMore, a cursor) once the documents
+    before the next one hold `limits.versions_page_bytes`; its first version always comes, and
+    paging on lists every version once."""
+    config = make_config(database_url, tmp_path, limits={"versions_page_bytes": 2048})
+
+    async def body(h: Harness) -> None:
+        did, history = await _entry_with_versions(h, 6)
+        sizes = [len(canonical.canonicalize(v)) for v in history]
+        assert all(700 < size < 1000 for size in sizes), sizes  # so three fit, not four
+        seen: list[dict] = []
+        cursor = None
+        pages = []
+        while True:
+            params: dict[str, Any] = {"limit": 100}
+            if cursor is not None:
+                params["cursor"] = cursor
+            r = await versions(h, did, **params)
+            assert r.status_code == 200, await r.get_data()
+            page = await r.get_json()
+            assert page["totalCount"] == 6
+            seen.extend(page["versions"])
+            pages.append((len(page["versions"]), page["hasMore"]))
+            if not page["hasMore"]:
+                break
+            cursor = page["cursor"]
+            assert cursor == str(page["versions"][-1]["sequence"])
+        assert pages == [(3, True), (3, False)]
+        assert seen == list(reversed(history))
+
+    await with_harness(config, body)
 
 
 async def test_versions_limit_is_clamped_to_max_page_size(harness: Harness) -> None:
