@@ -153,7 +153,8 @@ class LimitsConfig(_Section):
     # A discovery page ends early (hasMore, with a cursor) once its documents hold this many
     # bytes: a page of 100 entries of up to 1 MiB each would otherwise be 100 MiB.
     discover_page_bytes: Annotated[int, Field(ge=1024)] = 4 * 1024 * 1024
-    # A page of an entry's versions ends early likewise (100 versions of 1 MiB: 100 MiB).
+    # A page of an entry's versions ends early likewise (100 versions of 1 MiB: 100 MiB), and a
+    # page of log records once the entry versions it hashes hold this many bytes.
     versions_page_bytes: Annotated[int, Field(ge=1024)] = 4 * 1024 * 1024
     discover_cache_entries: Annotated[int, Field(ge=0, le=100_000)] = 2000  # 0: no result cache
     cache_mib: Annotated[int, Field(ge=1, le=65536)] = 4  # each of the entry and page caches

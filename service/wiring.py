@@ -269,7 +269,7 @@ async def open_service(
                 on_change=anchoring.nudge,
             ),
             federation=federation,
-            transparency=Transparency(store),
+            transparency=Transparency(store, page_bytes=config.limits.versions_page_bytes),
             write_condition=writer.condition,
         )
         app = create_app(deps)

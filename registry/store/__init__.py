@@ -415,6 +415,13 @@ class TransparencyStore(LeaderStore, Protocol):
         entry version written at its sequence (None where none was)."""
         ...
 
+    async def log_records_within(
+        self, after_seq: int, limit: int, page_bytes: int | None
+    ) -> tuple[list[tuple[LogRecord, str | None]], bool]:
+        """`log_records`, ending before the first record whose predecessors' entry versions
+        hold `page_bytes` (their versions are hashed): the records, and whether it ended so."""
+        ...
+
     async def log_head(self) -> int: ...
     async def tree_tiles(self, keys: Collection[TileKey]) -> dict[TileKey, bytes]:
         """The stored tiles among `keys`."""

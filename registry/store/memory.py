@@ -1234,14 +1234,24 @@ class MemoryStore:
     # --- the verifiable log ----------------------------------------------------------------
 
     async def log_records(self, after_seq: int, limit: int) -> list[tuple[LogRecord, str | None]]:
+        records, _ = await self.log_records_within(after_seq, limit, None)
+        return records
+
+    async def log_records_within(
+        self, after_seq: int, limit: int, page_bytes: int | None
+    ) -> tuple[list[tuple[LogRecord, str | None]], bool]:
         await self._call(write=False)
         start = max(after_seq, 0)
         out: list[tuple[LogRecord, str | None]] = []
+        held = 0
         for record in self._tables.log[start : start + max(limit, 0)]:
+            if page_bytes is not None and held >= page_bytes:
+                return out, True
             version = self._tables.versions.get(record.seq)
             digest = None if version is None else hashlib.sha256(version.doc.encode()).hexdigest()
+            held += 0 if version is None else len(version.doc.encode())
             out.append((record, digest))
-        return out
+        return out, False
 
     async def tree_tiles(self, keys: Collection[TileKey]) -> dict[TileKey, bytes]:
         await self._call(write=False)

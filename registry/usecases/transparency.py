@@ -57,8 +57,16 @@ def b64(hashes: list[bytes]) -> list[str]:
 
 
 class Transparency:
-    def __init__(self, store: TransparencyStoreAndEntries, *, cached_tiles: int = 1024) -> None:
+    def __init__(
+        self,
+        store: TransparencyStoreAndEntries,
+        *,
+        cached_tiles: int = 1024,
+        page_bytes: int | None = None,
+    ) -> None:
         self.store = store
+        # A page of records ends once the entry versions it hashed hold this many bytes.
+        self._page_bytes = page_bytes
         self._tiles: OrderedDict[TileKey, bytes] = OrderedDict()
         self._capacity = cached_tiles
         self._nodes = NodeMemo()
@@ -72,11 +80,11 @@ class Transparency:
         if limit is not None and limit < 1:
             raise Invalid("limit must be 1 or more", code="invalid_limit")
         size = min(limit or DEFAULT_RECORDS, MAX_RECORDS)
-        rows = await self.store.log_records(start - 1, size + 1)
+        rows, ended = await self.store.log_records_within(start - 1, size + 1, self._page_bytes)
         shown = rows[:size]
         return {
             "records": [log_record(record, digest) for record, digest in shown],
-            "hasMore": len(rows) > size,
+            "hasMore": ended or len(rows) > size,
             "next": shown[-1][0].seq + 1 if shown else start,
         }
 

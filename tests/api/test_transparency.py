@@ -260,3 +260,36 @@ async def test_a_peers_cosignature_is_checked_kept_and_served_with_the_checkpoin
         # a refused cosignature is not served
         again = (await (await c.get("/v1/log/checkpoint")).get_data()).decode()
         assert again == served
+
+
+@pytest.fixture
+async def small_pages(fresh_url: str, tmp_path: Path) -> AsyncIterator[Harness]:
+    config = make_config(fresh_url, tmp_path, limits={"versions_page_bytes": 2048})
+    async for h in open_harness(config):
+        yield h
+
+
+async def test_a_page_of_records_ends_once_the_versions_it_hashed_hold_the_page_bytes(
+    small_pages: Harness,
+) -> None:
+    """Each record of an entry version carries the version's hash, read and hashed per request:
+    a page ends (hasMore, `next`) once the versions before its next record hold
+    `limits.versions_page_bytes`. Paging on serves every record once, as one big page would."""
+    h = small_pages
+    for _ in range(3):
+        await publish(h)  # two versions and a sign-out each
+    pages: list[list[dict[str, Any]]] = []
+    start = 1
+    while True:
+        page = await get_json(h, f"/v1/log/records?from={start}&limit=1000")
+        pages.append(page["records"])
+        start = page["next"]
+        if not page["hasMore"]:
+            break
+        assert len(pages) < 50
+    records = [r for page in pages for r in page]
+    assert [r["sequence"] for r in records] == list(range(1, start))  # each once, in order
+    assert sum("documentHash" in r for r in records) == 6
+    hashed = [sum("documentHash" in r for r in page) for page in pages]
+    assert len(pages) > 1
+    assert all(n <= 3 for n in hashed), hashed  # versions of ~900 bytes: 3 fit in 2048

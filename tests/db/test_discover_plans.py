@@ -246,7 +246,7 @@ def test_a_page_of_log_records_reads_only_the_versions_of_its_page(
         conn = await asyncpg.connect(seeded_url, server_settings=SESSION_SETTINGS)
         try:
             raw = await conn.fetchval(
-                f"EXPLAIN (ANALYZE, FORMAT JSON) {LOG_RECORDS_SQL}", after, 101
+                f"EXPLAIN (ANALYZE, FORMAT JSON) {LOG_RECORDS_SQL}", after, 101, 4 << 20
             )
         finally:
             await conn.close()
