@@ -29,7 +29,7 @@ from registry import canonical
 from registry.caches import FollowedCache
 from registry.config import Config
 from registry.errors import Invalid, RateLimited, TooLarge, Unauthorized, UnsupportedMediaType
-from registry.metering import db_meter
+from registry.metering import DB_TIME_CLASS, db_meter
 from registry.ratelimit import Decision, client_of
 from registry.store import Store
 from registry.usecases.anchors import Anchors
@@ -198,7 +198,7 @@ async def _drain(limit: int, ctx: Ctx) -> None:
 _BY_ADDRESS = {"write": "write_address", "query": "query_address"}
 # The classes whose database time its client address pays after the fact (registry/metering.py),
 # in milliseconds, and the budget's name.
-_DB_TIME_BY_ADDRESS = {"query": "query_db_ms"}
+_DB_TIME_BY_ADDRESS = {"query": DB_TIME_CLASS}
 
 
 def rate_headers(decision: Decision, headers: Any) -> None:

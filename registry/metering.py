@@ -21,6 +21,9 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 
+# The rate-limit class of a client address's database time (limits.query_db_ms_per_minute_...).
+DB_TIME_CLASS = "query_db_ms"
+
 
 @dataclass
 class Meter:

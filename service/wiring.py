@@ -33,6 +33,7 @@ from registry.discovery import CursorCodec
 from registry.endpoints import EndpointPolicy
 from registry.identity import IdentityResolver
 from registry.keys import SigningKey
+from registry.metering import DB_TIME_CLASS
 from registry.ratelimit import Rate
 from registry.store import Store
 from registry.trust import Shares
@@ -104,7 +105,7 @@ async def open_service(
             "write_address": Rate(limits.write_per_minute_per_address),  # every write, per address
             "query_address": Rate(limits.query_per_minute_per_address),  # every query, too
             "body_bytes": Rate(limits.body_bytes_per_minute_per_address),  # bytes, per address
-            "query_db_ms": Rate(limits.query_db_ms_per_minute_per_address),  # paid after a query
+            DB_TIME_CLASS: Rate(limits.query_db_ms_per_minute_per_address),  # paid afterwards
             "replay": Rate(config.events.replays_per_minute),  # event replays, per address
         }
         limiter: RateLimiter = await nursery.start(run_rate_limiter, rates)

@@ -47,6 +47,7 @@ from registry.changes import LogRecord
 from registry.config import EventsConfig
 from registry.errors import Invalid, RateLimited, RegistryError, Unauthorized
 from registry.events import ADMIN_KINDS, AuthMessage, Filter, SubscribeRequest
+from registry.metering import DB_TIME_CLASS, db_meter
 from registry.models import validate_model
 from registry.outage import ConditionLog
 from registry.ratelimit import Bucket, Rate, client_of, joined_lines, take
@@ -384,8 +385,12 @@ class Connection:
         while True:
             assert self.position is not None
             assert self.deps.replaying is not None
-            async with self.deps.replaying:  # a few pages at once: the pool serves others too
-                records = await logs.read(self.position)
+            await self._wait_while_in_debt()
+            with db_meter() as meter:
+                async with self.deps.replaying:  # a few pages at once: the pool serves others
+                    records = await logs.read(self.position)
+            if self.deps.limiter is not None:
+                self.deps.limiter.charge(DB_TIME_CLASS, self.client, meter.seconds * 1000)
             line = self.deps.outage.succeeded(trio.current_time())
             if line is not None:
                 log.info(line)
@@ -396,6 +401,17 @@ class Connection:
                     return
             if len(records) < PAGE and await logs.attach(self.position, sink):
                 return
+
+    async def _wait_while_in_debt(self) -> None:
+        """A replay's pages are paid from its client address's database time, as its queries
+        are (docs/limits.md, "Database time"): while the address is in debt, the replay waits
+        until it is paid (a replay that asks much reads at the budget's pace)."""
+        limiter = self.deps.limiter
+        while limiter is not None:
+            owed = limiter.acquire(DB_TIME_CLASS, self.client, cost=0)
+            if owed.allowed:
+                return
+            await trio.sleep(owed.retry_after)
 
     async def _follow(self, sink: EventSink) -> str:
         """While the actor delivers: flush what the socket did not take at once, send a

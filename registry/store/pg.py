@@ -963,11 +963,16 @@ class PgStore:
 
     @_seam
     async def log_after(self, after_seq: int, limit: int) -> list[LogRecord]:
-        rows = await self._pool.fetch(
-            "SELECT seq, kind, entry_did, at, data FROM log WHERE seq > $1 ORDER BY seq LIMIT $2",
-            after_seq,
-            limit,
-        )
+        """Log records after `after_seq`; a replay's page is paid from its client address's
+        database time (registry.metering)."""
+        async with self._pool.acquire() as conn:
+            with timed_statement():
+                rows = await conn.fetch(
+                    "SELECT seq, kind, entry_did, at, data FROM log WHERE seq > $1"
+                    " ORDER BY seq LIMIT $2",
+                    after_seq,
+                    limit,
+                )
         return [
             LogRecord(r["seq"], r["kind"], r["entry_did"], _ms(r["at"]), json.loads(r["data"]))
             for r in rows

@@ -327,3 +327,37 @@ async def test_subscriptions_that_end_on_a_quiet_log_leave_no_trace(
         assert await head(h) == start  # nothing was written: the quiet log dropped them
 
     await with_harness(config, body)
+
+
+async def test_a_replay_waits_while_its_address_owes_database_time(
+    database_url: str, tmp_path: Path
+) -> None:
+    """A replay's pages are paid from its client address's database time, as its queries are
+    (docs/limits.md): while the address is in debt the replay waits, then reads, and pays."""
+    from registry.metering import DB_TIME_CLASS
+
+    config = make_config(
+        database_url,
+        tmp_path,
+        server={"trusted_proxies": 1},
+        limits={"query_db_ms_per_minute_per_address": 60_000},  # a debt of 1 s takes 1 s
+    )
+    address = "203.0.113.20"
+
+    async def body(h: Harness) -> None:
+        key = SigningKey.generate()
+        token = await sign_in(h.client, key)
+        before = await head(h)
+        made = await create(h, key, token)
+        limiter = h.deps.limiter
+        limiter.charge(DB_TIME_CLASS, address, 60_000 + 1_500)  # 1.5 s in debt
+        with trio.fail_after(30):
+            async with h.client.websocket("/v1/events", headers={"X-Forwarded-For": address}) as ws:
+                started = trio.current_time()
+                await subscribe(ws, fromSequence=before, entryDids=[made["entryDid"]])
+                (event,) = await events(ws, 1)
+                waited = trio.current_time() - started
+        assert event["sequence"] == made["sequence"]
+        assert waited >= 1.0  # the page was read once the debt was paid, not before
+
+    await with_harness(config, body)

@@ -257,3 +257,20 @@ async def _admin_value(database_url: str, sql: str) -> Any:
         return await aio(conn.fetchval)(sql)
     finally:
         await aio(conn.close)()
+
+
+async def test_the_statements_a_request_pays_for_are_metered(database_url: str) -> None:
+    """Discovery pages and log pages (a replay's) add their time to the request's meter
+    (registry/metering.py); outside a meter they add to nothing."""
+    from registry.metering import db_meter
+    from registry.query import RegistryQuery
+    from registry.store.pg import open_pg_store
+
+    async with trio_asyncio.open_loop(), open_pg_store(database_url) as store:
+        await store.log_after(0, 10)  # no meter: nothing to add to
+        with db_meter() as replay:
+            await store.log_after(0, 10)
+        with db_meter() as query:
+            await store.discover(RegistryQuery(), limit=5, after=None)
+    assert replay.seconds > 0
+    assert query.seconds > 0
