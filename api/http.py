@@ -13,7 +13,8 @@ import itertools
 import math
 import re
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -198,7 +199,32 @@ async def _drain(limit: int, ctx: Ctx) -> None:
 _BY_ADDRESS = {"write": "write_address", "query": "query_address"}
 # The classes whose database time its client address pays after the fact (registry/metering.py),
 # in milliseconds, and the budget's name.
-_DB_TIME_BY_ADDRESS = {"query": DB_TIME_CLASS}
+_DB_TIME_BY_ADDRESS = {"query": DB_TIME_CLASS}  # one budget for now: _paying_database_time's
+
+
+@contextmanager
+def _paying_database_time(d: Deps, ctx: Ctx, klass: str, address: str) -> Iterator[None]:
+    """Run a request of `klass` for `address` and charge the database time its statements
+    took to the address's budget when it ends, however it ends (registry/metering.py). What
+    requests in flight will cost is known only when they end, so an address runs at most
+    `limits.query_concurrency_per_address` at once: a burst cannot outrun its budget."""
+    most = d.config.limits.query_concurrency_per_address
+    if not d.limiter.enter(DB_TIME_CLASS, address, most):
+        g.rate_class = "query_concurrency"
+        ctx.decision = None  # the answer's RateLimit-* say how many may run
+        raise RateLimited(
+            f"{most} {klass} requests of this client address are running"
+            " (limits.query_concurrency_per_address)",
+            retry_after=1.0,
+            limit=most,
+            code=f"{klass}_rate_limited",
+        )
+    with db_meter() as meter:
+        try:
+            yield
+        finally:
+            d.limiter.leave(DB_TIME_CLASS, address)
+            d.limiter.charge(DB_TIME_CLASS, address, meter.seconds * 1000)
 
 
 def rate_headers(decision: Decision, headers: Any) -> None:
@@ -315,25 +341,8 @@ def endpoint(
                 if db_time_class is None:
                     response = await handler(ctx, **kwargs)
                 else:
-                    # What queries in flight will cost is known only when they end: an
-                    # address runs a few at once, so a burst cannot outrun its budget.
-                    most = d.config.limits.query_concurrency_per_address
-                    if not d.limiter.enter(db_time_class, address, most):
-                        g.rate_class = db_time_class
-                        ctx.decision = None  # the answer's RateLimit-* say how many may run
-                        raise RateLimited(
-                            f"{most} {klass} requests of this client address are running"
-                            " (limits.query_concurrency_per_address)",
-                            retry_after=1.0,
-                            limit=most,
-                            code=f"{klass}_rate_limited",
-                        )
-                    with db_meter() as meter:
-                        try:
-                            response = await handler(ctx, **kwargs)
-                        finally:
-                            d.limiter.leave(db_time_class, address)
-                            d.limiter.charge(db_time_class, address, meter.seconds * 1000)
+                    with _paying_database_time(d, ctx, klass, address):
+                        response = await handler(ctx, **kwargs)
             except Exception as exc:  # mapped in one place; unknown errors become a bare 500
                 if body_limit and not ctx.body_read and not isinstance(exc, TooLarge):
                     await _drain(limit, ctx)

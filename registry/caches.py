@@ -160,6 +160,7 @@ class FollowedCache(Generic[K, V]):
 # ~500 characters: ~100 ms), and every write waits for the answer.
 MATCH_TEXTS_ASKED = 256
 MATCH_TEXT_CHARS_ASKED = 16 * 1024
+MATCH_PAGES_SCANNED = 1024  # pages looked at for them, the most recently used first
 
 
 def _page_weight(item: tuple[RegistryQuery, str]) -> int:
@@ -281,12 +282,14 @@ class ResultCache(FollowedCache[str, tuple[RegistryQuery, str]]):
             return set(self._text_pages)
         asked: set[str] = set()
         chars = 0
-        for key in reversed(self._items):  # most recently used first
-            for text in self._texts.get(key, ()):
-                if text in asked:
-                    continue
-                chars += len(text)
-                if len(asked) == MATCH_TEXTS_ASKED or chars > MATCH_TEXT_CHARS_ASKED:
-                    return asked
-                asked.add(text)
+        for scanned, key in enumerate(reversed(self._items)):  # most recently used first
+            if scanned == MATCH_PAGES_SCANNED:  # every write pays for this loop too
+                break
+            # A page's texts all or none: a page with one text not asked is dropped anyway.
+            new = [text for text in self._texts.get(key, ()) if text not in asked]
+            size = sum(map(len, new))
+            if len(asked) + len(new) > MATCH_TEXTS_ASKED or chars + size > MATCH_TEXT_CHARS_ASKED:
+                continue  # a smaller page further on may still fit
+            asked.update(new)
+            chars += size
         return asked

@@ -101,6 +101,7 @@ def make_config(database_url: str, tmp_path: Path, **sections: dict[str, Any]) -
             "query_per_minute_per_address": 100_000,
             "body_bytes_per_minute_per_address": 10_000_000_000,
             "query_db_ms_per_minute_per_address": 100_000_000,
+            "query_concurrency_per_address": 1000,
         },
     }
     for section, values in sections.items():

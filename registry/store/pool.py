@@ -57,6 +57,7 @@ class LeanPool:
         # Settings that exist from a server major version on: set after connecting, where the
         # server has them and accepts their value (a platform may not support one).
         self._settings_since = settings_since or {}
+        self._settings_refused: set[str] = set()  # warned about once
         self._idle: list[asyncpg.Connection] = []
         self._all: set[asyncpg.Connection] = set()
         self._slots = asyncio.Semaphore(max_size)
@@ -104,8 +105,10 @@ class LeanPool:
             for name, value in settings.items():
                 try:
                     await conn.execute("SELECT set_config($1, $2, false)", name, value)
-                except asyncpg.InvalidParameterValueError as exc:
-                    log.debug("%s is not set on this server: %s", name, exc)
+                except asyncpg.PostgresError as exc:  # not on this server, platform or role
+                    if name not in self._settings_refused:
+                        self._settings_refused.add(name)
+                        log.warning("PostgreSQL refused %s = %s: %s", name, value, exc)
 
     async def take(self, *, lasting: bool = False) -> asyncpg.Connection:
         """A connection for the caller alone until `give_back` (or `discard`); `lasting`: held

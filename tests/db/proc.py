@@ -68,6 +68,7 @@ def run_server(
             "REGISTRY_LIMITS__READ_PER_MINUTE": "100000",
             "REGISTRY_LIMITS__BODY_BYTES_PER_MINUTE_PER_ADDRESS": "10000000000",
             "REGISTRY_LIMITS__QUERY_DB_MS_PER_MINUTE_PER_ADDRESS": "100000000",
+            "REGISTRY_LIMITS__QUERY_CONCURRENCY_PER_ADDRESS": "1000",
             # Anchoring only where a test asks for it: a supervisor would take the database's
             # anchoring lock and add anchor.* records to the log other tests read.
             "REGISTRY_ANCHORING__ENABLED": "false",

@@ -274,3 +274,24 @@ async def test_the_statements_a_request_pays_for_are_metered(database_url: str) 
             await store.discover(RegistryQuery(), limit=5, after=None)
     assert replay.seconds > 0
     assert query.seconds > 0
+
+
+async def test_a_setting_the_server_refuses_is_warned_about_once_and_connections_work(
+    database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with trio_asyncio.open_loop():
+        pool = LeanPool(
+            database_url,
+            min_size=2,
+            max_size=2,
+            server_settings=dict(SESSION_SETTINGS),
+            settings_since={0: {"registry_no_such_setting": "1", "work_mem": "8MB"}},
+        )
+        await aio(pool.open)()
+        try:
+            assert await aio(pool.fetchval)("SHOW work_mem") == "8MB"  # the others still set
+        finally:
+            await aio(pool.close)()
+    refused = [r for r in caplog.records if "registry_no_such_setting" in r.getMessage()]
+    assert len(refused) == 1  # two connections, one warning
+    assert refused[0].levelname == "WARNING"

@@ -141,3 +141,21 @@ def test_a_change_asks_about_a_bounded_set_of_texts_the_most_recently_used_first
         long.put(f"page{i}", (query, "[]"), long.epoch)
     asked = long.match_texts()
     assert sum(map(len, asked)) <= MATCH_TEXT_CHARS_ASKED < sum(map(len, asked)) + 600
+
+
+def test_a_page_is_asked_about_whole_and_a_smaller_one_further_on_still_fits() -> None:
+    from registry.caches import MATCH_TEXT_CHARS_ASKED
+
+    def words(tag: str, count: int) -> list[str]:
+        return [f"{tag}{i}" + "y" * 490 for i in range(count)]
+
+    cache = ResultCache(10_000)
+    cache.enabled = True
+    # In the order they are put: "a" is the most recently used, "c" the least.
+    pages = {"c": words("c", 1), "d": words("d", 15), "b": words("b", 15), "a": words("a", 15)}
+    for key, texts in pages.items():
+        where = " AND ".join(f"MATCH '{t}'" for t in texts)
+        cache.put(key, (parse_registryql(f"DISCOVER * WHERE {where}"), "[]"), cache.epoch)
+    assert sum(map(len, pages["a"] + pages["b"])) <= MATCH_TEXT_CHARS_ASKED
+    assert sum(map(len, pages["a"] + pages["b"] + pages["d"])) > MATCH_TEXT_CHARS_ASKED
+    assert cache.match_texts() == set(pages["a"] + pages["b"] + pages["c"])  # d: none of its
