@@ -202,6 +202,20 @@ _BY_ADDRESS = {"write": "write_address", "query": "query_address"}
 _DB_TIME_BY_ADDRESS = {"query": DB_TIME_CLASS}  # one budget for now: _paying_database_time's
 
 
+def _spend_body_bytes(d: Deps, ctx: Ctx, klass: str, address: str, size: int) -> None:
+    spent = d.limiter.acquire("body_bytes", address, cost=size)
+    if not spent.allowed:
+        g.rate_class = "body_bytes"
+        ctx.decision = None  # the answer's RateLimit-* are the byte budget's
+        raise RateLimited(
+            "request bodies from this client address exceed"
+            " limits.body_bytes_per_minute_per_address",
+            retry_after=spent.retry_after,
+            limit=spent.limit,
+            code=f"{klass}_rate_limited",
+        )
+
+
 @contextmanager
 def _paying_database_time(d: Deps, ctx: Ctx, klass: str, address: str) -> Iterator[None]:
     """Run a request of `klass` for `address` and charge the database time its statements
@@ -321,30 +335,29 @@ def endpoint(
                     )
                 if body_limit:
                     _check_content_type()
+                    # What a body costs to parse, canonicalise and verify grows with its bytes
+                    # (and more for some shapes: numbers, floats): an address's bodies share a
+                    # budget of bytes, spent before any of that work. A body that declares its
+                    # length pays before it is read, so that concurrent bodies are not all
+                    # held in memory first; a chunked one pays once read.
+                    declared = header(b"content-length")
+                    upfront = declared is not None and declared.isdigit()
+                    if upfront:
+                        _spend_body_bytes(d, ctx, klass, address, int(declared or 0))
                     ctx.body = await read_body(limit)
                     ctx.body_read = True
                     mark_body_read()
-                    # What a body costs to parse, canonicalise and verify grows with its bytes
-                    # (and more for some shapes: numbers, floats): an address's bodies share a
-                    # budget of bytes, spent before any of that work.
-                    spent = d.limiter.acquire("body_bytes", address, cost=len(ctx.body))
-                    if not spent.allowed:
-                        g.rate_class = "body_bytes"
-                        ctx.decision = None  # the answer's RateLimit-* are the byte budget's
-                        raise RateLimited(
-                            "request bodies from this client address exceed"
-                            " limits.body_bytes_per_minute_per_address",
-                            retry_after=spent.retry_after,
-                            limit=spent.limit,
-                            code=f"{klass}_rate_limited",
-                        )
+                    if not upfront:
+                        _spend_body_bytes(d, ctx, klass, address, len(ctx.body))
                 if db_time_class is None:
                     response = await handler(ctx, **kwargs)
                 else:
                     with _paying_database_time(d, ctx, klass, address):
                         response = await handler(ctx, **kwargs)
             except Exception as exc:  # mapped in one place; unknown errors become a bare 500
-                if body_limit and not ctx.body_read and not isinstance(exc, TooLarge):
+                # A body refused for its size is not read at all (the connection closes).
+                refused_for_size = isinstance(exc, TooLarge) or g.rate_class == "body_bytes"
+                if body_limit and not ctx.body_read and not refused_for_size:
                     await _drain(limit, ctx)
                 response = error_response(exc, ctx.request_id)
             response.headers["X-Request-Id"] = ctx.request_id
