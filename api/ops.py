@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import trio
@@ -39,6 +40,12 @@ async def _deep_health(principal: Principal) -> dict[str, Any]:
     return {"status": _status(checks), "checks": checks, "logHead": log_head}
 
 
+@functools.cache
+def _expected_migrations() -> int:
+    """The migrations this code ships with: read once (scanning them took ~1.4 ms a call)."""
+    return len(load_migrations().numbered)
+
+
 async def _checks() -> dict[str, str]:
     d = deps()
     checks: dict[str, str] = {}
@@ -47,7 +54,7 @@ async def _checks() -> dict[str, str]:
             version = await d.store.schema_version()
             read_only = await d.store.write_condition()  # asked now: recovery shows at once
         checks["database"] = "ok"
-        expected = len(load_migrations().numbered)
+        expected = _expected_migrations()
         checks["migrations"] = "ok" if version == expected else f"at {version}, expected {expected}"
         # Writes: refused now (a read-only database), or the last write failed for a
         # condition of the database (a full disk) and none has succeeded since.
