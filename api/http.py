@@ -197,9 +197,9 @@ async def _drain(limit: int, ctx: Ctx) -> None:
 
 # The classes whose every request also spends a budget of its client address, and its name.
 _BY_ADDRESS = {"write": "write_address", "query": "query_address"}
-# The classes whose database time its client address pays after the fact (registry/metering.py),
-# in milliseconds, and the budget's name.
-_DB_TIME_BY_ADDRESS = {"query": DB_TIME_CLASS}  # one budget for now: _paying_database_time's
+# The classes whose database time its client address pays after the fact, in milliseconds, from
+# its DB_TIME_CLASS budget (registry/metering.py).
+_PAYS_DATABASE_TIME = frozenset({"query"})
 
 
 def _spend_body_bytes(d: Deps, ctx: Ctx, klass: str, address: str, size: int) -> None:
@@ -310,13 +310,13 @@ def endpoint(
                             limit=by_address.limit,
                             code=f"{klass}_rate_limited",
                         )
-                db_time_class = _DB_TIME_BY_ADDRESS.get(klass)
-                if db_time_class is not None:
+                pays_database_time = klass in _PAYS_DATABASE_TIME
+                if pays_database_time:
                     # Paid after the fact: an address whose queries took more database time
                     # than its budget is refused until the budget has refilled.
-                    in_debt = d.limiter.acquire(db_time_class, address, cost=0)
+                    in_debt = d.limiter.acquire(DB_TIME_CLASS, address, cost=0)
                     if not in_debt.allowed:
-                        g.rate_class = db_time_class
+                        g.rate_class = DB_TIME_CLASS
                         raise RateLimited(
                             f"{klass} database time exceeded for this client address"
                             " (limits.query_db_ms_per_minute_per_address)",
@@ -349,11 +349,11 @@ def endpoint(
                     mark_body_read()
                     if not upfront:
                         _spend_body_bytes(d, ctx, klass, address, len(ctx.body))
-                if db_time_class is None:
-                    response = await handler(ctx, **kwargs)
-                else:
+                if pays_database_time:
                     with _paying_database_time(d, ctx, klass, address):
                         response = await handler(ctx, **kwargs)
+                else:
+                    response = await handler(ctx, **kwargs)
             except Exception as exc:  # mapped in one place; unknown errors become a bare 500
                 # A body refused for its size is not read at all (the connection closes).
                 refused_for_size = isinstance(exc, TooLarge) or g.rate_class == "body_bytes"

@@ -226,6 +226,16 @@ class _Key:
         return f'k{i} COLLATE "C"' if self.kind == "text" else f"k{i}"
 
 
+def bytes_before(doc: str, order: str) -> str:
+    """SQL: the bytes of the documents `doc` of the rows before this one in `order` (0 for the
+    first), the measure of a page's byte budget. octet_length reads a stored value's size
+    without decompressing it, so a document a page leaves out is never read."""
+    return (
+        f"coalesce(sum(octet_length({doc})) OVER (ORDER BY {order}"
+        " ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0)"
+    )
+
+
 def compile_discover(
     query: RegistryQuery, *, limit: int, after: list[Any] | None, page_bytes: int | None = None
 ) -> Plan:
@@ -296,11 +306,8 @@ def compile_discover(
     final_order = ", ".join("p." + part for part in order_sql.split(", "))
     doc = "v.doc"
     if page_bytes is not None:
-        before = (
-            f"sum(octet_length(v.doc)) OVER (ORDER BY {final_order}"
-            " ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)"
-        )
-        doc = f"CASE WHEN coalesce({before}, 0) < {p.bind(page_bytes)} THEN v.doc END"
+        before = bytes_before("v.doc", final_order)
+        doc = f"CASE WHEN {before} < {p.bind(page_bytes)} THEN v.doc END"
     sql = (
         f"WITH m AS MATERIALIZED ({candidates}), t AS (SELECT count(*) AS total FROM m)"
         f" SELECT t.total, {doc} AS doc, p.* FROM t LEFT JOIN LATERAL ("

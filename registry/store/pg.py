@@ -54,7 +54,7 @@ from registry.store import (
     SessionRecord,
     WitnessRow,
 )
-from registry.store.discover import Plan, compile_discover
+from registry.store.discover import Plan, bytes_before, compile_discover
 from registry.store.pool import LeanPool
 from registry.store.routing import (
     READ_FLOOR,
@@ -97,23 +97,18 @@ SESSION_SETTINGS_SINCE: dict[int, dict[str, str]] = {
 }
 
 
-# A page's document, or NULL once the newer documents of the page hold the budget (bytes):
-# octet_length reads a stored value's size without decompressing it, and a document left out
-# is never read. The first row always comes.
-_WITHIN_PAGE_BYTES = (
-    "CASE WHEN coalesce(sum(octet_length(doc)) OVER (ORDER BY {seq} DESC"
-    " ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) < {budget} THEN doc END"
-)
+def _within_page_bytes(seq: str, budget: str) -> str:
+    """SQL: a version's document, newest first, or NULL once the newer documents of the page
+    hold `budget` bytes (never read then). The first row always comes."""
+    return f"CASE WHEN {bytes_before('doc', f'{seq} DESC')} < {budget} THEN doc END"
+
 
 # The records after $1 (at most $2) with the hash of the entry version each wrote. The versions'
 # range is given too: without it the planner merge-joined from the first version, reading every
 # version below $1 (37 ms at 15,000 of 20,000; linear in the position asked). With a budget $3
 # (bytes), a record whose predecessors' versions hold it is `past` and its version is not read
 # (hashing 100 versions of 1 MiB took ~180 ms).
-_VERSION_BYTES_BEFORE = (
-    "coalesce(sum(octet_length(v.doc)) OVER (ORDER BY l.seq"
-    " ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0)"
-)
+_VERSION_BYTES_BEFORE = bytes_before("v.doc", "l.seq")
 LOG_RECORDS_SQL = (
     "SELECT l.seq, l.kind, l.entry_did, l.at, l.data,"
     f"      $3::bigint IS NOT NULL AND {_VERSION_BYTES_BEFORE} >= $3 AS past,"
@@ -699,7 +694,7 @@ class PgStore:
     ) -> tuple[list[str | None], int]:
         async with self._pool.acquire() as conn:
             rows = await conn.fetch(
-                f"SELECT {_WITHIN_PAGE_BYTES.format(seq='seq', budget='$4')} AS doc"
+                f"SELECT {_within_page_bytes('seq', '$4')} AS doc"
                 " FROM entry_versions WHERE entry_did = $1 AND lifecycle <> 'deleted'"
                 " AND ($2::bigint IS NULL OR seq < $2) ORDER BY seq DESC LIMIT $3",
                 entry_did,
@@ -930,7 +925,7 @@ class PgStore:
     ) -> tuple[list[str | None], int]:
         async with self._pool.acquire() as conn:
             rows = await conn.fetch(
-                f"SELECT {_WITHIN_PAGE_BYTES.format(seq='origin_seq', budget='$5')} AS doc"
+                f"SELECT {_within_page_bytes('origin_seq', '$5')} AS doc"
                 " FROM replica_versions WHERE entry_did = $1 AND origin_did = $2"
                 " AND lifecycle <> 'deleted' AND ($3::bigint IS NULL OR origin_seq < $3)"
                 " ORDER BY origin_seq DESC LIMIT $4",
