@@ -61,7 +61,7 @@ BEGIN
         ON CONFLICT (kind, id) DO UPDATE
            SET status = EXCLUDED.status, version = r.version + 1,
                expires_at = EXCLUDED.expires_at, uniq = EXCLUDED.uniq,
-               updated_seq = p_seq, doc = EXCLUDED.doc;
+               updated_seq = p_seq, doc = EXCLUDED.doc, lapsed = false;
     END LOOP;
     RETURN QUERY SELECT v_result, NULL::jsonb;
 END $$;

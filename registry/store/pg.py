@@ -342,6 +342,38 @@ def _ms(value: Any) -> int:
     return int(value.timestamp() * 1000)
 
 
+# An entry's head: its served version, its first $2 unrevoked attestations unexpired now (read
+# from the partial index of active attestations not lapsed, migration 0024, so the walk skips
+# what the janitor has marked expired) and the anchor state of its head.
+ENTRY_HEAD_SQL = (
+    "SELECT e.head_seq, e.publisher_did, e.lifecycle, v.doc, a.expiries, a.attestations,"
+    " (SELECT i.state FROM anchor_intents i WHERE i.sequence = e.head_seq) AS anchor_state"
+    " FROM entries AS e"
+    " JOIN entry_versions AS v ON v.seq = e.head_seq"
+    " CROSS JOIN LATERAL ("
+    "   SELECT coalesce(array_agg(t.expiry ORDER BY t.created_seq), '{}') AS expiries,"
+    "          coalesce(array_agg(t.doc ORDER BY t.created_seq), '{}') AS attestations"
+    "     FROM (SELECT r.created_seq, r.doc,"
+    "                  (extract(epoch FROM r.expires_at) * 1000)::bigint AS expiry"
+    "             FROM records r"
+    "            WHERE r.kind = 'attestation' AND r.entry_did = $1 AND r.status = 'active'"
+    "              AND NOT r.lapsed AND (r.expires_at IS NULL OR r.expires_at > now())"
+    "            ORDER BY r.created_seq LIMIT $2) AS t) AS a"
+    " WHERE e.entry_did = $1"
+)
+
+# The janitor's pass over attestations whose expiry has passed: each batch marks them lapsed
+# (ENTRY_HEAD_SQL no longer walks them), skipping rows a writer holds.
+LAPSE_BATCH = 5000
+LAPSE_ATTESTATIONS_SQL = (
+    "UPDATE records SET lapsed = true WHERE (kind, id) IN ("
+    " SELECT kind, id FROM records"
+    "  WHERE kind = 'attestation' AND status = 'active' AND NOT lapsed"
+    "    AND expires_at IS NOT NULL AND expires_at <= now()"
+    "  ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED)"
+)
+
+
 class PgStore:
     """The registry's PostgreSQL store. Open with `open_pg_store` inside a trio-asyncio loop."""
 
@@ -426,22 +458,7 @@ class PgStore:
 
     @_seam
     async def get_entry_head(self, entry_did: str) -> EntryHead | None:
-        row = await self._pool.fetchrow(
-            "SELECT e.head_seq, e.publisher_did, e.lifecycle, v.doc,"
-            " ARRAY(SELECT (extract(epoch FROM r.expires_at) * 1000)::bigint FROM records r"
-            "       WHERE r.kind = 'attestation' AND r.entry_did = $1 AND r.status = 'active'"
-            "         AND (r.expires_at IS NULL OR r.expires_at > now())"
-            "       ORDER BY r.created_seq LIMIT $2) AS expiries,"
-            " ARRAY(SELECT r.doc FROM records r"
-            "       WHERE r.kind = 'attestation' AND r.entry_did = $1 AND r.status = 'active'"
-            "         AND (r.expires_at IS NULL OR r.expires_at > now())"
-            "       ORDER BY r.created_seq LIMIT $2) AS attestations,"
-            " (SELECT a.state FROM anchor_intents a WHERE a.sequence = e.head_seq) AS anchor_state"
-            " FROM entries AS e"
-            " JOIN entry_versions AS v ON v.seq = e.head_seq WHERE e.entry_did = $1",
-            entry_did,
-            INLINE_ATTESTATIONS,
-        )
+        row = await self._pool.fetchrow(ENTRY_HEAD_SQL, entry_did, INLINE_ATTESTATIONS)
         if row is None:
             return None
         return EntryHead(
@@ -829,7 +846,8 @@ class PgStore:
 
     @_seam
     async def purge_expired(self) -> dict[str, int]:
-        """Delete expired idempotency records, sessions and challenges."""
+        """Delete expired idempotency records, sessions, challenges and nonces; mark expired
+        attestations lapsed (migration 0024)."""
         counts: dict[str, int] = {}
         statements = {
             "idempotency": "DELETE FROM idempotency"
@@ -842,6 +860,13 @@ class PgStore:
             for name, sql in statements.items():
                 status = await conn.execute(sql)
                 counts[name] = int(status.rsplit(" ", 1)[-1])
+            counts["attestations_lapsed"] = 0
+            while True:
+                status = await conn.execute(LAPSE_ATTESTATIONS_SQL, LAPSE_BATCH)
+                marked = int(status.rsplit(" ", 1)[-1])
+                counts["attestations_lapsed"] += marked
+                if marked < LAPSE_BATCH:
+                    break
         return {k: v for k, v in counts.items() if v}
 
     # --- federation -----------------------------------------------------------------------

@@ -626,3 +626,89 @@ async def test_an_entry_serves_its_oldest_unexpired_attestations_up_to_the_bound
     assert listed == [expired["attestationId"], *ids]  # everything, revoked and expired too
     big = credential(w, claims={"blob": "x" * (64 * 1024)})
     await error_of(await submit(w, big), 413, "body_too_large")
+
+
+# --- expired attestations and the entry's read -----------------------------------------------
+
+
+async def _records_walked(w: World) -> int:
+    """Rows of `records` the entry's head statement reads (EXPLAIN ANALYZE): those it returns
+    and those its filter drops."""
+    import json
+
+    import trio_asyncio
+
+    from registry.store.pg import ENTRY_HEAD_SQL
+
+    fetchval = trio_asyncio.aio_as_trio(w.h.store._pool.fetchval)  # type: ignore[attr-defined]
+    raw = await fetchval(
+        f"EXPLAIN (ANALYZE, FORMAT JSON) {ENTRY_HEAD_SQL}", w.did, INLINE_ATTESTATIONS
+    )
+
+    def walked(node: dict[str, Any]) -> int:
+        own = 0
+        if node.get("Relation Name") == "records":
+            own = (node["Actual Rows"] + node.get("Rows Removed by Filter", 0)) * node[
+                "Actual Loops"
+            ]
+        return own + sum(walked(child) for child in node.get("Plans", ()))
+
+    return walked(json.loads(raw)[0]["Plan"])
+
+
+async def test_expired_attestations_are_not_walked_once_the_janitor_marks_them(
+    world: World,
+) -> None:
+    """Any key with `attest` may attest any entry with a credential valid for seconds; the
+    entry's read must not walk every one of them that has since expired (hostile review: ~0.75
+    ms of database time per 1,000, forever)."""
+    import trio_asyncio
+
+    w = world
+    live = await attest(w)
+    dead = 3000
+    execute = trio_asyncio.aio_as_trio(w.h.store._pool.execute)  # type: ignore[attr-defined]
+    # What 3,000 two-second credentials leave behind once expired, written after the live one.
+    await execute(
+        "INSERT INTO records (kind, id, entry_did, owner_did, status, version, expires_at,"
+        " created_seq, updated_seq, doc)"
+        " SELECT 'attestation', $2 || n, $1, 'did:key:zAttacker', 'active', 1,"
+        "        now() - interval '1 hour', 1000000000 + n, 1000000000 + n, '{}'"
+        " FROM generate_series(1, $3) AS n",
+        w.did,
+        f"dead-{uuid.uuid4().hex}-",
+        dead,
+    )
+    assert await _records_walked(w) >= dead  # before the janitor's pass: each one is read
+
+    removed = await w.h.store.purge_expired()
+    assert removed.get("attestations_lapsed", 0) >= dead
+    assert await _records_walked(w) <= 2  # the live one (and nothing expired)
+    assert await shown(w) == [live["attestationId"]]
+    # Nothing served changed: the listing still has every one, the expired ones as stored.
+    r = await w.h.client.get(f"/v1/entries/{w.did}/attestations?limit=100")
+    assert r.status_code == 200
+    body = await r.get_json()
+    assert body["attestations"][0] == live
+    assert len(body["attestations"]) == 100
+
+
+async def test_a_revoked_attestation_that_had_lapsed_stays_unshown(world: World) -> None:
+    """A change to a lapsed record clears the flag; revoked, it is not shown either way."""
+    import trio_asyncio
+
+    w = world
+    record = await attest(w)
+    execute = trio_asyncio.aio_as_trio(w.h.store._pool.execute)  # type: ignore[attr-defined]
+    await execute(
+        "UPDATE records SET lapsed = true WHERE kind = 'attestation' AND id = $1",
+        record["attestationId"],
+    )
+    r = await revoke(w, record["attestationId"])
+    assert r.status_code == 200, await r.get_data()
+    fetchval = trio_asyncio.aio_as_trio(w.h.store._pool.fetchval)  # type: ignore[attr-defined]
+    assert not await fetchval(
+        "SELECT lapsed FROM records WHERE kind = 'attestation' AND id = $1",
+        record["attestationId"],
+    )
+    assert await shown(w) == []
