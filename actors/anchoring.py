@@ -42,7 +42,7 @@ from dataclasses import dataclass, field, replace
 import trio
 
 from actors.supervisor import while_leading
-from registry.anchoring import Member, Settlement, entry_state, settle, tree_of
+from registry.anchoring import Member, Settlement, entry_state, packed_proofs, settle, tree_of
 from registry.chain import Chain, ChainUnavailable
 from registry.changes import RETRY, Also, Change, IdemKey, Outcome
 from registry.config import AnchoringConfig
@@ -239,6 +239,13 @@ class _Supervisor:
             return tree_of(members)
         return await trio.to_thread.run_sync(tree_of, members)
 
+    async def proofs(self, tree: MerkleTree) -> list[bytes]:
+        """Every leaf's packed proof, stored with the root so that reads need no tree; off the
+        event loop for a large tree, as the tree itself."""
+        if len(tree) <= TREE_IN_THREAD:
+            return packed_proofs(tree)
+        return await trio.to_thread.run_sync(packed_proofs, tree)
+
     async def advance(self, batch: OpenBatch, tree: MerkleTree) -> bool:
         """Submit the batch if it is not yet, poll it, and settle it once the chain decides.
         The batch and its tree are kept between polls (`open`), and dropped when it is
@@ -251,7 +258,9 @@ class _Supervisor:
             # confused with another database's batch of the same number on a shared chain.
             key = f"batch-{batch.batch_id}-{tree.root[:16]}"
             tx_id = await self.chain.submit(tree.root, key=key)
-            await self.store.record_anchor_submission(batch.batch_id, tree.root, tx_id)
+            await self.store.record_anchor_submission(
+                batch.batch_id, tree.root, tx_id, await self.proofs(tree)
+            )
             batch = replace(batch, root=tree.root, transaction_id=tx_id)
             self.open[batch.batch_id] = (batch, tree)
         status = await self.chain.status(tx_id)

@@ -62,7 +62,7 @@ import statistics
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
@@ -131,9 +131,11 @@ class TimedStore:
         with self._phases.timed("reread"):
             return await self._store.open_anchor_batches()
 
-    async def record_anchor_submission(self, batch_id: int, root: str, transaction_id: str) -> None:
+    async def record_anchor_submission(
+        self, batch_id: int, root: str, transaction_id: str, proofs: Sequence[bytes]
+    ) -> None:
         with self._phases.timed("submit"):
-            await self._store.record_anchor_submission(batch_id, root, transaction_id)
+            await self._store.record_anchor_submission(batch_id, root, transaction_id, proofs)
 
 
 class TimedChain:

@@ -159,6 +159,36 @@ class MerkleProof:
         return cls(root=root, path=tuple(path), leaf_hash=leaf)
 
 
+# A proof as stored beside its receipt (anchor_receipts.proof, migration 0025): the leaf hash's
+# 32 bytes, then per step one byte (0: the sibling is on the left, 1: on the right) and the
+# sibling's 32 bytes. The root is the batch's, stored once with it.
+_PACKED_STEP = 33
+
+
+def pack_proof(proof: MerkleProof) -> bytes:
+    """`proof` without its root, in the stored form."""
+    out = bytearray(bytes.fromhex(proof.leaf_hash))
+    for node in proof.path:
+        out.append(0 if node.direction == LEFT else 1)
+        out += bytes.fromhex(node.hash)
+    return bytes(out)
+
+
+def unpack_proof(root: str, packed: bytes) -> MerkleProof:
+    """The proof `pack_proof` stored, under `root`; ValueError if `packed` is not that form."""
+    if len(packed) < 32 or (len(packed) - 32) % _PACKED_STEP:
+        raise ValueError(f"a packed proof is 32 + 33k bytes, got {len(packed)}")
+    path = []
+    for at in range(32, len(packed), _PACKED_STEP):
+        side = packed[at]
+        if side > 1:
+            raise ValueError(f"a packed proof step's side is 0 or 1, got {side}")
+        path.append(
+            ProofNode(packed[at + 1 : at + _PACKED_STEP].hex(), LEFT if side == 0 else RIGHT)
+        )
+    return MerkleProof(root=root, path=tuple(path), leaf_hash=packed[:32].hex())
+
+
 def _exact_members(data: dict[Any, Any], names: tuple[str, ...], what: str) -> None:
     missing = [name for name in names if name not in data]
     if missing:

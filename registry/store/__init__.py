@@ -6,7 +6,7 @@ protocol keeps the driver swappable and lets pure code be tested without a datab
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -82,6 +82,7 @@ class Receipt:
     anchor_time_ms: int | None
     observed_ms: int | None
     created_ms: int
+    proof: bytes | None = None  # packed (registry/merkle.py), written with the batch's root
 
 
 @dataclass(frozen=True)
@@ -352,8 +353,12 @@ class AnchorStore(LeaderStore, Protocol):
         ...
 
     async def record_anchor_submission(
-        self, batch_id: int, root: str, transaction_id: str
-    ) -> None: ...
+        self, batch_id: int, root: str, transaction_id: str, proofs: Sequence[bytes]
+    ) -> None:
+        """The batch's root and transaction, and each leaf's packed proof (registry/merkle.py
+        `pack_proof`, in leaf order), in one transaction."""
+        ...
+
     async def anchoring_overview(self, recent: int) -> AnchoringOverview:
         """The backlog, the batches in flight and the `recent` latest batches."""
         ...

@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import AsyncIterator, Callable, Collection, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -149,6 +149,7 @@ class _Batch:
     block_hash: str | None = None
     anchor_time_ms: int | None = None
     observed_ms: int | None = None
+    proofs: tuple[bytes, ...] = ()  # packed, in leaf order, once submitted
 
 
 @dataclass(frozen=True)
@@ -811,10 +812,11 @@ class MemoryStore:
         receipts = []
         for batch_id in self._tables.receipts.get(intent.intent_id, []):
             b = self._tables.batches[batch_id]
+            leaf = b.members.index(intent.intent_id)
             receipts.append(
                 Receipt(
                     b.batch_id,
-                    b.members.index(intent.intent_id),
+                    leaf,
                     b.state,
                     b.root,
                     b.transaction_id,
@@ -823,6 +825,7 @@ class MemoryStore:
                     b.anchor_time_ms,
                     b.observed_ms,
                     b.created_ms,
+                    b.proofs[leaf] if b.proofs else None,
                 )
             )
         return IntentRow(
@@ -914,12 +917,19 @@ class MemoryStore:
             for i in self._tables.intents.values()
         )
 
-    async def record_anchor_submission(self, batch_id: int, root: str, transaction_id: str) -> None:
+    async def record_anchor_submission(
+        self, batch_id: int, root: str, transaction_id: str, proofs: Sequence[bytes]
+    ) -> None:
         await self._call(write=True)
         batch = self._tables.batches.get(batch_id)
         if batch is not None and batch.state in ("claimed", "submitted"):
+            assert len(proofs) == len(batch.members), "one proof per leaf"
             self._tables.batches[batch_id] = replace(
-                batch, root=root, transaction_id=transaction_id, state="submitted"
+                batch,
+                root=root,
+                transaction_id=transaction_id,
+                state="submitted",
+                proofs=tuple(proofs),
             )
 
     @asynccontextmanager

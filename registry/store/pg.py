@@ -16,7 +16,7 @@ import json
 import logging
 import secrets
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Collection, Coroutine, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Coroutine, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, ParamSpec, TypeVar
 
@@ -510,7 +510,8 @@ class PgStore:
         rows = await conn.fetch(
             "SELECT r.intent_id, r.batch_id, r.leaf_index, b.state, b.root, b.transaction_id,"
             " b.block_height, b.block_hash, epoch_ms(b.anchor_time) AS anchor_ms,"
-            " epoch_ms(b.observed_at) AS observed_ms, epoch_ms(b.created_at) AS created_ms"
+            " epoch_ms(b.observed_at) AS observed_ms, epoch_ms(b.created_at) AS created_ms,"
+            " r.proof"
             " FROM anchor_receipts r JOIN anchor_batches b USING (batch_id)"
             " WHERE r.intent_id = ANY($1::text[]) ORDER BY r.intent_id, r.batch_id",
             intent_ids,
@@ -529,6 +530,7 @@ class PgStore:
                     r["anchor_ms"],
                     r["observed_ms"],
                     r["created_ms"],
+                    r["proof"],
                 )
             )
         return {k: tuple(v) for k, v in out.items()}
@@ -618,14 +620,26 @@ class PgStore:
         )
 
     @_seam
-    async def record_anchor_submission(self, batch_id: int, root: str, transaction_id: str) -> None:
-        await self._pool.execute(
-            "UPDATE anchor_batches SET root = $2, transaction_id = $3, state = 'submitted'"
-            " WHERE batch_id = $1 AND state IN ('claimed', 'submitted')",
-            batch_id,
-            root,
-            transaction_id,
-        )
+    async def record_anchor_submission(
+        self, batch_id: int, root: str, transaction_id: str, proofs: Sequence[bytes]
+    ) -> None:
+        async with self._pool.acquire() as conn, conn.transaction():
+            status = await conn.execute(
+                "UPDATE anchor_batches SET root = $2, transaction_id = $3, state = 'submitted'"
+                " WHERE batch_id = $1 AND state IN ('claimed', 'submitted')",
+                batch_id,
+                root,
+                transaction_id,
+            )
+            if status.endswith(" 0"):
+                return
+            await conn.execute(
+                "UPDATE anchor_receipts r SET proof = p.proof"
+                " FROM unnest($2::bytea[]) WITH ORDINALITY AS p(proof, n)"
+                " WHERE r.batch_id = $1 AND r.leaf_index = p.n - 1",
+                batch_id,
+                list(proofs),
+            )
 
     @asynccontextmanager
     async def leadership(self, name: str) -> AsyncIterator[PgLeadership]:

@@ -23,7 +23,7 @@ from registry.changes import Change, ChangeLog, Decided, IdemKey, Outcome, rfc33
 from registry.config import Config
 from registry.cursors import SealedCursors
 from registry.errors import Invalid, NotFound
-from registry.merkle import MerkleTree
+from registry.merkle import MerkleTree, unpack_proof
 from registry.store import AnchorStore, IntentRow, Receipt
 from registry.usecases.common import Principal, page_size
 from registry.usecases.entries import Entries
@@ -31,8 +31,10 @@ from registry.usecases.entries import Entries
 # Matched with `fullmatch`: `$` would also match before a final newline, which the base64
 # decoder then skips, so a valid cursor plus "\n" would pass (spec 4.3: ^[A-Za-z0-9_-]+$).
 CURSOR = re.compile(r"[A-Za-z0-9_-]{1,2048}")
-# Merkle trees of recent batches, for proofs: at most this many trees, and this many leaves in
-# all (a tree of 100,000 leaves, the largest batch, holds ~25 MB of hex strings).
+# Merkle trees of recent batches, for the proofs of receipts submitted before proofs were stored
+# with them (migration 0025; since then a proof is read, not built): at most this many trees,
+# and this many leaves in all (a tree of 100,000 leaves, the largest batch, holds ~25 MB of hex
+# strings).
 TREES_KEPT = 64
 TREE_LEAVES_KEPT = 400_000
 # Larger trees are built in a worker thread: building one costs ~15-30 µs a leaf (the leaf
@@ -145,8 +147,11 @@ class Anchors:
             "transactionId": r.transaction_id,
         }
         if r.state == "confirmed":
-            tree = await self._tree(r.batch_id)
-            receipt["proof"] = tree.proof(r.leaf_index).to_json()
+            if r.proof is not None and r.root is not None:
+                receipt["proof"] = unpack_proof(r.root, r.proof).to_json()
+            else:  # a batch submitted before its proofs were stored (migration 0025)
+                tree = await self._tree(r.batch_id)
+                receipt["proof"] = tree.proof(r.leaf_index).to_json()
             if r.anchor_time_ms is not None:
                 receipt["anchorTime"] = rfc3339_ms(r.anchor_time_ms)
         return receipt

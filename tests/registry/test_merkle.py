@@ -23,6 +23,8 @@ from registry.merkle import (
     ProofNode,
     leaf_hash,
     node_hash,
+    pack_proof,
+    unpack_proof,
     verify_proof,
 )
 
@@ -490,3 +492,26 @@ def test_proofs_are_immutable() -> None:
         proof.root = B  # type: ignore[misc]
     with pytest.raises(AttributeError):
         proof.path[0].hash = C  # type: ignore[misc]
+
+
+# --- the stored form (anchor_receipts.proof) -----------------------------------------------------
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 7, 256, 257])
+def test_every_packed_proof_unpacks_to_the_same_proof_under_the_root(size: int) -> None:
+    leaves = [hashlib.sha256(f"leaf {n}".encode()).hexdigest() for n in range(size)]
+    tree = MerkleTree(leaves)
+    for index, proof in enumerate(tree.proofs()):
+        packed = pack_proof(proof)
+        assert len(packed) == 32 + 33 * len(proof.path)
+        again = unpack_proof(tree.root, packed)
+        assert again == proof == tree.proof(index)
+        assert verify_proof(again, leaves[index])
+
+
+@pytest.mark.parametrize(
+    "packed", [b"", b"\x00" * 31, b"\x00" * 33, b"\x00" * 32 + b"\x02" + b"\x00" * 32]
+)
+def test_a_packed_proof_of_another_shape_is_refused(packed: bytes) -> None:
+    with pytest.raises(ValueError, match="packed proof"):
+        unpack_proof("00" * 32, packed)

@@ -1,0 +1,12 @@
+-- Each receipt's Merkle proof stored when its batch is submitted (hostile review).
+--
+-- `GET /v1/anchors/{did}` serves a proof with every confirmed receipt. It was built on read from
+-- the batch's tree: every member of the batch read and hashed again (up to 100,000), once per
+-- batch not among the 64 trees a process kept, so a page of 100 intents in 100 batches rebuilt
+-- them all on every request (~465 ms of CPU at batches of 256). The anchoring leader has the
+-- tree when it submits the root, so it now writes each leaf's proof path beside its receipt in
+-- the same transaction as the root (registry/merkle.py `pack_proof`: the leaf hash, then a side
+-- byte and the sibling's 32 bytes per level, ~300 bytes at 256 leaves), and a read decodes it
+-- under the batch's root. Receipts of batches submitted before this migration keep NULL and are
+-- served from the tree as before.
+ALTER TABLE anchor_receipts ADD COLUMN proof bytea;
