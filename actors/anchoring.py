@@ -42,7 +42,7 @@ from dataclasses import dataclass, field, replace
 import trio
 
 from actors.supervisor import while_leading
-from registry.anchoring import Member, Settlement, entry_state, packed_proofs, settle, tree_of
+from registry.anchoring import Member, Settlement, entry_state, settle, tree_of
 from registry.chain import Chain, ChainUnavailable
 from registry.changes import RETRY, Also, Change, IdemKey, Outcome
 from registry.config import AnchoringConfig
@@ -239,12 +239,12 @@ class _Supervisor:
             return tree_of(members)
         return await trio.to_thread.run_sync(tree_of, members)
 
-    async def proofs(self, tree: MerkleTree) -> list[bytes]:
-        """Every leaf's packed proof, stored with the root so that reads need no tree; off the
-        event loop for a large tree, as the tree itself."""
+    async def levels(self, tree: MerkleTree) -> bytes:
+        """The tree as stored with its root, so that reads slice proofs out of it instead of
+        building it; off the event loop for a large tree, as the tree itself."""
         if len(tree) <= TREE_IN_THREAD:
-            return packed_proofs(tree)
-        return await trio.to_thread.run_sync(packed_proofs, tree)
+            return tree.packed_levels()
+        return await trio.to_thread.run_sync(tree.packed_levels)
 
     async def advance(self, batch: OpenBatch, tree: MerkleTree) -> bool:
         """Submit the batch if it is not yet, poll it, and settle it once the chain decides.
@@ -259,7 +259,7 @@ class _Supervisor:
             key = f"batch-{batch.batch_id}-{tree.root[:16]}"
             tx_id = await self.chain.submit(tree.root, key=key)
             await self.store.record_anchor_submission(
-                batch.batch_id, tree.root, tx_id, await self.proofs(tree)
+                batch.batch_id, tree.root, tx_id, await self.levels(tree), len(tree)
             )
             batch = replace(batch, root=tree.root, transaction_id=tx_id)
             self.open[batch.batch_id] = (batch, tree)

@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from registry.canonical import canonicalize, sha256_hex
 from registry.errors import Conflict
-from registry.merkle import MerkleProof, MerkleTree, leaf_hash, pack_proof, verify_proof
+from registry.merkle import MerkleProof, MerkleTree, leaf_hash, verify_proof
 from registry.ratelimit import Backoff
 
 STATES = ("pending", "submitted", "confirmed", "failed", "abandoned")
@@ -91,11 +91,6 @@ class Member:
 
 def tree_of(members: list[Member]) -> MerkleTree:
     return MerkleTree([m.leaf for m in members])
-
-
-def packed_proofs(tree: MerkleTree) -> list[bytes]:
-    """Every leaf's proof in the stored form (registry/merkle.py `pack_proof`), in leaf order."""
-    return [pack_proof(proof) for proof in tree.proofs()]
 
 
 @dataclass(frozen=True)

@@ -159,34 +159,48 @@ class MerkleProof:
         return cls(root=root, path=tuple(path), leaf_hash=leaf)
 
 
-# A proof as stored beside its receipt (anchor_receipts.proof, migration 0025): the leaf hash's
-# 32 bytes, then per step one byte (0: the sibling is on the left, 1: on the right) and the
-# sibling's 32 bytes. The root is the batch's, stored once with it.
-_PACKED_STEP = 33
+# A batch's tree as stored (anchor_trees.levels, migration 0025): every level's node hashes, 32
+# bytes each, the leaves first and the root last. A proof is read as slices of it: the leaf and
+# one sibling per level, at offsets that follow from the number of leaves alone.
+NODE_BYTES = 32
 
 
-def pack_proof(proof: MerkleProof) -> bytes:
-    """`proof` without its root, in the stored form."""
-    out = bytearray(bytes.fromhex(proof.leaf_hash))
-    for node in proof.path:
-        out.append(0 if node.direction == LEFT else 1)
-        out += bytes.fromhex(node.hash)
-    return bytes(out)
+def level_sizes(leaves: int) -> list[int]:
+    """The number of nodes of each level of a tree of `leaves` leaves, the leaves first."""
+    if leaves < 1:
+        raise ValueError("a Merkle tree needs at least one leaf")
+    sizes = [leaves]
+    while sizes[-1] > 1:
+        sizes.append((sizes[-1] + 1) // 2)
+    return sizes
 
 
-def unpack_proof(root: str, packed: bytes) -> MerkleProof:
-    """The proof `pack_proof` stored, under `root`; ValueError if `packed` is not that form."""
-    if len(packed) < 32 or (len(packed) - 32) % _PACKED_STEP:
-        raise ValueError(f"a packed proof is 32 + 33k bytes, got {len(packed)}")
-    path = []
-    for at in range(32, len(packed), _PACKED_STEP):
-        side = packed[at]
-        if side > 1:
-            raise ValueError(f"a packed proof step's side is 0 or 1, got {side}")
-        path.append(
-            ProofNode(packed[at + 1 : at + _PACKED_STEP].hex(), LEFT if side == 0 else RIGHT)
-        )
-    return MerkleProof(root=root, path=tuple(path), leaf_hash=packed[:32].hex())
+def proof_offsets(leaves: int, index: int) -> tuple[int, list[tuple[int, Direction]]]:
+    """Where the proof of leaf `index` lies in the stored levels of a tree of `leaves` leaves:
+    the leaf's byte offset, and each step's sibling's offset and side (leaf to root). A node
+    with no sibling at the end of its level is promoted: no step."""
+    if not 0 <= index < leaves:
+        raise IndexError(f"leaf index {index} out of range for a tree of {leaves} leaves")
+    leaf = index * NODE_BYTES
+    steps: list[tuple[int, Direction]] = []
+    start = 0  # the first node of the level, counted in nodes
+    for size in level_sizes(leaves)[:-1]:
+        sibling = index ^ 1
+        if sibling < size:
+            steps.append(((start + sibling) * NODE_BYTES, LEFT if index % 2 else RIGHT))
+        start += size
+        index >>= 1
+    return leaf, steps
+
+
+def proof_from_slices(
+    root: str, leaf: bytes, steps: Sequence[tuple[bytes, Direction]]
+) -> MerkleProof:
+    """The proof made of the slices read at `proof_offsets` (each NODE_BYTES long)."""
+    if len(leaf) != NODE_BYTES or any(len(node) != NODE_BYTES for node, _ in steps):
+        raise ValueError(f"a stored tree's nodes are {NODE_BYTES} bytes")
+    path = tuple(ProofNode(node.hex(), side) for node, side in steps)
+    return MerkleProof(root=root, path=path, leaf_hash=leaf.hex())
 
 
 def _exact_members(data: dict[Any, Any], names: tuple[str, ...], what: str) -> None:
@@ -286,6 +300,11 @@ class MerkleTree:
 
     def __len__(self) -> int:
         return len(self._levels[0])
+
+    def packed_levels(self) -> bytes:
+        """Every level's node hashes as bytes, the leaves first (the stored form, NODE_BYTES
+        each: see `proof_offsets`)."""
+        return bytes.fromhex("".join(node for level in self._levels for node in level))
 
     def proof(self, index: int) -> MerkleProof:
         """The proof of the leaf at `index` (0-based; negative indexes count from the end)."""

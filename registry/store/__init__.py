@@ -82,7 +82,7 @@ class Receipt:
     anchor_time_ms: int | None
     observed_ms: int | None
     created_ms: int
-    proof: bytes | None = None  # packed (registry/merkle.py), written with the batch's root
+    leaves: int | None = None  # of the batch's stored tree; None: none stored (before 0025)
 
 
 @dataclass(frozen=True)
@@ -353,10 +353,15 @@ class AnchorStore(LeaderStore, Protocol):
         ...
 
     async def record_anchor_submission(
-        self, batch_id: int, root: str, transaction_id: str, proofs: Sequence[bytes]
+        self, batch_id: int, root: str, transaction_id: str, levels: bytes, leaves: int
     ) -> None:
-        """The batch's root and transaction, and each leaf's packed proof (registry/merkle.py
-        `pack_proof`, in leaf order), in one transaction."""
+        """The batch's root and transaction, and its tree (`MerkleTree.packed_levels` of
+        `leaves` leaves), in one transaction."""
+        ...
+
+    async def anchor_tree_slices(self, wanted: Sequence[tuple[int, int]]) -> list[bytes]:
+        """For each (batch id, byte offset), the NODE_BYTES at that offset of the batch's stored
+        tree (registry/merkle.py `proof_offsets`), in order."""
         ...
 
     async def anchoring_overview(self, recent: int) -> AnchoringOverview:

@@ -45,6 +45,7 @@ from registry.changes import (
     standing_outcome,
 )
 from registry.errors import Unavailable
+from registry.merkle import NODE_BYTES
 from registry.store import (
     INLINE_ATTESTATIONS,
     AnchoringOverview,
@@ -149,7 +150,7 @@ class _Batch:
     block_hash: str | None = None
     anchor_time_ms: int | None = None
     observed_ms: int | None = None
-    proofs: tuple[bytes, ...] = ()  # packed, in leaf order, once submitted
+    levels: bytes = b""  # the stored tree (MerkleTree.packed_levels), once submitted
 
 
 @dataclass(frozen=True)
@@ -825,7 +826,7 @@ class MemoryStore:
                     b.anchor_time_ms,
                     b.observed_ms,
                     b.created_ms,
-                    b.proofs[leaf] if b.proofs else None,
+                    len(b.members) if b.levels else None,
                 )
             )
         return IntentRow(
@@ -918,19 +919,29 @@ class MemoryStore:
         )
 
     async def record_anchor_submission(
-        self, batch_id: int, root: str, transaction_id: str, proofs: Sequence[bytes]
+        self, batch_id: int, root: str, transaction_id: str, levels: bytes, leaves: int
     ) -> None:
         await self._call(write=True)
         batch = self._tables.batches.get(batch_id)
         if batch is not None and batch.state in ("claimed", "submitted"):
-            assert len(proofs) == len(batch.members), "one proof per leaf"
+            assert leaves == len(batch.members), "the tree of the batch's members"
             self._tables.batches[batch_id] = replace(
                 batch,
                 root=root,
                 transaction_id=transaction_id,
                 state="submitted",
-                proofs=tuple(proofs),
+                levels=batch.levels or levels,
             )
+
+    async def anchor_tree_slices(self, wanted: Sequence[tuple[int, int]]) -> list[bytes]:
+        await self._call(write=False)
+        out = []
+        for batch_id, offset in wanted:
+            node = self._tables.batches[batch_id].levels[offset : offset + NODE_BYTES]
+            if len(node) != NODE_BYTES:
+                raise RuntimeError("anchor_tree_slices: a batch's stored tree is missing")
+            out.append(node)
+        return out
 
     @asynccontextmanager
     async def leadership(self, name: str) -> AsyncIterator[MemoryLeadership]:

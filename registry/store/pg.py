@@ -36,6 +36,7 @@ from registry.changes import (
     standing_outcome,
 )
 from registry.errors import Invalid, Unavailable
+from registry.merkle import NODE_BYTES
 from registry.metering import timed_statement
 from registry.query import RegistryQuery
 from registry.store import (
@@ -511,8 +512,9 @@ class PgStore:
             "SELECT r.intent_id, r.batch_id, r.leaf_index, b.state, b.root, b.transaction_id,"
             " b.block_height, b.block_hash, epoch_ms(b.anchor_time) AS anchor_ms,"
             " epoch_ms(b.observed_at) AS observed_ms, epoch_ms(b.created_at) AS created_ms,"
-            " r.proof"
+            " t.leaves"
             " FROM anchor_receipts r JOIN anchor_batches b USING (batch_id)"
+            " LEFT JOIN anchor_trees t USING (batch_id)"
             " WHERE r.intent_id = ANY($1::text[]) ORDER BY r.intent_id, r.batch_id",
             intent_ids,
         )
@@ -530,7 +532,7 @@ class PgStore:
                     r["anchor_ms"],
                     r["observed_ms"],
                     r["created_ms"],
-                    r["proof"],
+                    r["leaves"],
                 )
             )
         return {k: tuple(v) for k, v in out.items()}
@@ -621,7 +623,7 @@ class PgStore:
 
     @_seam
     async def record_anchor_submission(
-        self, batch_id: int, root: str, transaction_id: str, proofs: Sequence[bytes]
+        self, batch_id: int, root: str, transaction_id: str, levels: bytes, leaves: int
     ) -> None:
         async with self._pool.acquire() as conn, conn.transaction():
             status = await conn.execute(
@@ -634,12 +636,26 @@ class PgStore:
             if status.endswith(" 0"):
                 return
             await conn.execute(
-                "UPDATE anchor_receipts r SET proof = p.proof"
-                " FROM unnest($2::bytea[]) WITH ORDINALITY AS p(proof, n)"
-                " WHERE r.batch_id = $1 AND r.leaf_index = p.n - 1",
+                "INSERT INTO anchor_trees (batch_id, leaves, levels) VALUES ($1, $2, $3)"
+                " ON CONFLICT (batch_id) DO NOTHING",
                 batch_id,
-                list(proofs),
+                leaves,
+                levels,
             )
+
+    @_seam
+    async def anchor_tree_slices(self, wanted: Sequence[tuple[int, int]]) -> list[bytes]:
+        rows = await self._pool.fetch(
+            "SELECT x.n, substring(t.levels FROM x.off + 1 FOR $3::integer) AS node"
+            " FROM unnest($1::bigint[], $2::integer[]) WITH ORDINALITY AS x(batch_id, off, n)"
+            " JOIN anchor_trees t USING (batch_id) ORDER BY x.n",
+            [batch for batch, _ in wanted],
+            [offset for _, offset in wanted],
+            NODE_BYTES,
+        )
+        if len(rows) != len(wanted):
+            raise RuntimeError("anchor_tree_slices: a batch's stored tree is missing")
+        return [bytes(r["node"]) for r in rows]
 
     @asynccontextmanager
     async def leadership(self, name: str) -> AsyncIterator[PgLeadership]:

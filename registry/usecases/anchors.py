@@ -10,9 +10,10 @@ and bound to the entry, so a client can neither forge a position nor reuse it fo
 
 from __future__ import annotations
 
+import logging
 import re
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import trio
@@ -23,18 +24,29 @@ from registry.changes import Change, ChangeLog, Decided, IdemKey, Outcome, rfc33
 from registry.config import Config
 from registry.cursors import SealedCursors
 from registry.errors import Invalid, NotFound
-from registry.merkle import MerkleTree, unpack_proof
+from registry.merkle import (
+    Direction,
+    MerkleTree,
+    proof_from_slices,
+    proof_offsets,
+    verify_proof,
+)
 from registry.store import AnchorStore, IntentRow, Receipt
 from registry.usecases.common import Principal, page_size
 from registry.usecases.entries import Entries
 
 # Matched with `fullmatch`: `$` would also match before a final newline, which the base64
 # decoder then skips, so a valid cursor plus "\n" would pass (spec 4.3: ^[A-Za-z0-9_-]+$).
+log = logging.getLogger(__name__)
+
+# The proofs read from stored trees, by (batch id, leaf index): their wire form.
+Proofs = dict[tuple[int, int], dict[str, Any]]
+
 CURSOR = re.compile(r"[A-Za-z0-9_-]{1,2048}")
-# Merkle trees of recent batches, for the proofs of receipts submitted before proofs were stored
-# with them (migration 0025; since then a proof is read, not built): at most this many trees,
-# and this many leaves in all (a tree of 100,000 leaves, the largest batch, holds ~25 MB of hex
-# strings).
+# Merkle trees of recent batches, for the proofs of batches submitted before their trees were
+# stored (migration 0025; since then a proof is sliced out of the stored tree, not built): at
+# most this many trees, and this many leaves in all (a tree of 100,000 leaves, the largest
+# batch, holds ~25 MB of hex strings).
 TREES_KEPT = 64
 TREE_LEAVES_KEPT = 400_000
 # Larger trees are built in a worker thread: building one costs ~15-30 µs a leaf (the leaf
@@ -96,19 +108,21 @@ class Anchors:
         rows = await self.store.anchor_intents_of(did, after=after, limit=size + 1)
         more = len(rows) > size
         rows = rows[:size]
+        proofs = await self._stored_proofs(rows)
         body: dict[str, Any] = {
             "anchorState": entry_state(head.anchor_state),
             "entryDid": did,
             "hasMore": more,
-            "records": [await self.record(r) for r in rows],
+            "records": [await self.record(r, proofs) for r in rows],
         }
         if more:
             last = rows[-1]
             body["cursor"] = self._encode(did, (last.sequence, last.created_ms, last.intent_id))
         return canonicalize(body).decode("utf-8")
 
-    async def record(self, row: IntentRow) -> dict[str, Any]:
-        """The spec's anchor intent record (2.3), with the AnchorRecord (2.2) once anchored."""
+    async def record(self, row: IntentRow, proofs: Proofs) -> dict[str, Any]:
+        """The spec's anchor intent record (2.3), with the AnchorRecord (2.2) once anchored;
+        `proofs`: those read from stored trees (`_stored_proofs`)."""
         out: dict[str, Any] = {
             "attempts": row.attempts,
             "availableAt": rfc3339_ms(row.available_ms),
@@ -116,7 +130,7 @@ class Anchors:
             "entryDid": row.entry_did,
             "intentId": row.intent_id,
             "operation": row.operation,
-            "receipts": [await self._receipt(row, r) for r in row.receipts],
+            "receipts": [await self._receipt(r, proofs) for r in row.receipts],
             "sequence": row.sequence,
             "state": row.state,
             "updatedAt": rfc3339_ms(row.updated_ms),
@@ -137,7 +151,34 @@ class Anchors:
             }
         return out
 
-    async def _receipt(self, row: IntentRow, r: Receipt) -> dict[str, Any]:
+    async def _stored_proofs(self, rows: Sequence[IntentRow]) -> Proofs:
+        """The proofs of the confirmed receipts of `rows` whose batch's tree is stored, sliced
+        out of it in one round trip (the leaf and a sibling per level: registry/merkle.py
+        `proof_offsets`), each checked against the batch's root before it is served."""
+        plans: list[tuple[Receipt, str, list[Direction]]] = []
+        wanted: list[tuple[int, int]] = []
+        for row in rows:
+            for r in row.receipts:
+                if r.state != "confirmed" or r.leaves is None or r.root is None:
+                    continue
+                leaf, steps = proof_offsets(r.leaves, r.leaf_index)
+                plans.append((r, r.root, [side for _, side in steps]))
+                wanted.append((r.batch_id, leaf))
+                wanted.extend((r.batch_id, offset) for offset, _ in steps)
+        if not wanted:
+            return {}
+        nodes = iter(await self.store.anchor_tree_slices(wanted))
+        proofs: Proofs = {}
+        for r, root, sides in plans:
+            leaf_node = next(nodes)
+            proof = proof_from_slices(root, leaf_node, [(next(nodes), side) for side in sides])
+            if verify_proof(proof):
+                proofs[r.batch_id, r.leaf_index] = proof.to_json()
+            else:  # never expected: served from the members instead
+                log.error("stored tree of batch %s does not lead to its root", r.batch_id)
+        return proofs
+
+    async def _receipt(self, r: Receipt, proofs: Proofs) -> dict[str, Any]:
         receipt: dict[str, Any] = {
             "blockHeight": r.block_height,
             "observedAt": rfc3339_ms(r.observed_ms if r.observed_ms is not None else r.created_ms),
@@ -147,9 +188,10 @@ class Anchors:
             "transactionId": r.transaction_id,
         }
         if r.state == "confirmed":
-            if r.proof is not None and r.root is not None:
-                receipt["proof"] = unpack_proof(r.root, r.proof).to_json()
-            else:  # a batch submitted before its proofs were stored (migration 0025)
+            stored = proofs.get((r.batch_id, r.leaf_index))
+            if stored is not None:
+                receipt["proof"] = stored
+            else:  # a batch submitted before its tree was stored (migration 0025)
                 tree = await self._tree(r.batch_id)
                 receipt["proof"] = tree.proof(r.leaf_index).to_json()
             if r.anchor_time_ms is not None:

@@ -901,7 +901,9 @@ async def test_the_store_lists_intents_and_keeps_settled_batches_settled(
             await wait_for_states(rig.store, [intent, newer], "confirmed")
         [row] = await rows(rig.store, [intent])
         receipt = row.receipts[-1]
-        await rig.store.record_anchor_submission(receipt.batch_id, "ee" * 32, "ff" * 32, [])
+        await rig.store.record_anchor_submission(
+            receipt.batch_id, "ee" * 32, "ff" * 32, bytes(32), 1
+        )
         [again] = await rows(rig.store, [intent])
         assert again.receipts[-1] == receipt
         head = await rig.store.get_entry_head(intent.did)

@@ -231,11 +231,12 @@ async def test_versions_are_listed_ascending_each_confirmed_with_a_proof_that_ve
         listing = await anchors(h.client, did)
     finally:
         del use_case._tree
-    # A batch submitted before its proofs were stored (migration 0025) is served from its tree:
-    # the same proofs.
+    # A batch submitted before its tree was stored (migration 0025) is served from its
+    # members: the same proofs.
     execute = trio_asyncio.aio_as_trio(h.store._pool.execute)  # type: ignore[attr-defined]
     await execute(
-        "UPDATE anchor_receipts SET proof = NULL WHERE intent_id = ANY($1::text[])",
+        "DELETE FROM anchor_trees WHERE batch_id IN (SELECT batch_id FROM anchor_receipts"
+        " WHERE intent_id = ANY($1::text[]))",
         [f"ai_{v['sequence']}" for v in served],
     )
     assert await anchors(h.client, did) == listing

@@ -18,13 +18,14 @@ from hypothesis import strategies as st
 
 from registry.merkle import (
     MAX_PATH_LENGTH,
+    NODE_BYTES,
     MerkleProof,
     MerkleTree,
     ProofNode,
     leaf_hash,
     node_hash,
-    pack_proof,
-    unpack_proof,
+    proof_from_slices,
+    proof_offsets,
     verify_proof,
 )
 
@@ -494,24 +495,33 @@ def test_proofs_are_immutable() -> None:
         proof.path[0].hash = C  # type: ignore[misc]
 
 
-# --- the stored form (anchor_receipts.proof) -----------------------------------------------------
+# --- the stored form (anchor_trees.levels) ------------------------------------------------------
 
 
-@pytest.mark.parametrize("size", [1, 2, 3, 7, 256, 257])
-def test_every_packed_proof_unpacks_to_the_same_proof_under_the_root(size: int) -> None:
+@pytest.mark.parametrize("size", [*range(1, 40), 255, 256, 257, 1000])
+def test_every_proof_sliced_out_of_the_stored_levels_is_the_trees_own(size: int) -> None:
     leaves = [hashlib.sha256(f"leaf {n}".encode()).hexdigest() for n in range(size)]
     tree = MerkleTree(leaves)
-    for index, proof in enumerate(tree.proofs()):
-        packed = pack_proof(proof)
-        assert len(packed) == 32 + 33 * len(proof.path)
-        again = unpack_proof(tree.root, packed)
-        assert again == proof == tree.proof(index)
-        assert verify_proof(again, leaves[index])
+    levels = tree.packed_levels()
+    assert levels[:NODE_BYTES].hex() == leaves[0]
+    assert levels[-NODE_BYTES:].hex() == tree.root
+    for index in range(size):
+        leaf, steps = proof_offsets(size, index)
+        sliced = proof_from_slices(
+            tree.root,
+            levels[leaf : leaf + NODE_BYTES],
+            [(levels[at : at + NODE_BYTES], side) for at, side in steps],
+        )
+        assert sliced == tree.proof(index)
+        assert verify_proof(sliced, leaves[index])
 
 
-@pytest.mark.parametrize(
-    "packed", [b"", b"\x00" * 31, b"\x00" * 33, b"\x00" * 32 + b"\x02" + b"\x00" * 32]
-)
-def test_a_packed_proof_of_another_shape_is_refused(packed: bytes) -> None:
-    with pytest.raises(ValueError, match="packed proof"):
-        unpack_proof("00" * 32, packed)
+@pytest.mark.parametrize(("size", "index"), [(0, 0), (1, 1), (5, -1), (5, 5)])
+def test_offsets_of_a_leaf_outside_the_tree_are_refused(size: int, index: int) -> None:
+    with pytest.raises((IndexError, ValueError)):
+        proof_offsets(size, index)
+
+
+def test_slices_of_another_length_are_refused() -> None:
+    with pytest.raises(ValueError, match="32 bytes"):
+        proof_from_slices("00" * 32, b"\x00" * 31, [])
