@@ -7,7 +7,7 @@
 -- and any signed-in key may attest any entry with a credential valid for two seconds. Expiry
 -- writes nothing, so the walk only grew.
 --
--- `lapsed` is set by the janitor (PgStore.purge_expired, every minute) on an active attestation
+-- `lapsed` is set by the janitor (PgStore.lapse_attestations, every 5 s) on an active attestation
 -- whose expires_at has passed by the database's clock; time does not go back, so a lapsed
 -- attestation is never shown again. The head reads the partial index of active attestations
 -- not lapsed, so it walks at most those that expired since the janitor's last pass. The flag

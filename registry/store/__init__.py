@@ -217,6 +217,15 @@ class HealthStore(Protocol):
         ...
 
     async def purge_expired(self) -> dict[str, int]: ...
+    async def lapse_attestations(self) -> int:
+        """Mark active attestations whose expiry has passed lapsed (an entry's read no longer
+        walks them); how many."""
+        ...
+
+    async def vacuum_records(self) -> None:
+        """Reclaim the old versions of lapsed records, their index entries included."""
+        ...
+
     def pool_statistics(self) -> dict[str, int]:
         """Connections `open`, `in_use`, callers `waiting` for one, and those `held_back`
         (lacking while PostgreSQL refuses more) (empty: no pool)."""
@@ -361,7 +370,8 @@ class AnchorStore(LeaderStore, Protocol):
 
     async def anchor_tree_slices(self, wanted: Sequence[tuple[int, int]]) -> list[bytes]:
         """For each (batch id, byte offset), the NODE_BYTES at that offset of the batch's stored
-        tree (registry/merkle.py `proof_offsets`), in order."""
+        tree (registry/merkle.py `proof_offsets`), in order; fewer bytes (none) past its end or
+        where the batch has no stored tree."""
         ...
 
     async def anchoring_overview(self, recent: int) -> AnchoringOverview:

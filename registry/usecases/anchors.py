@@ -27,6 +27,7 @@ from registry.errors import Invalid, NotFound
 from registry.merkle import (
     Direction,
     MerkleTree,
+    leaf_hash,
     proof_from_slices,
     proof_offsets,
     verify_proof,
@@ -154,28 +155,39 @@ class Anchors:
     async def _stored_proofs(self, rows: Sequence[IntentRow]) -> Proofs:
         """The proofs of the confirmed receipts of `rows` whose batch's tree is stored, sliced
         out of it in one round trip (the leaf and a sibling per level: registry/merkle.py
-        `proof_offsets`), each checked against the batch's root before it is served."""
-        plans: list[tuple[Receipt, str, list[Direction]]] = []
+        `proof_offsets`). Each must lead from the intent's own leaf to the batch's root; one
+        that does not (never expected) is left out, and served from the batch's members."""
+        plans: list[tuple[IntentRow, Receipt, list[Direction]]] = []
         wanted: list[tuple[int, int]] = []
         for row in rows:
             for r in row.receipts:
                 if r.state != "confirmed" or r.leaves is None or r.root is None:
                     continue
+                if not 0 <= r.leaf_index < r.leaves:
+                    log.error(
+                        "receipt of batch %s: leaf %s of %s", r.batch_id, r.leaf_index, r.leaves
+                    )
+                    continue
                 leaf, steps = proof_offsets(r.leaves, r.leaf_index)
-                plans.append((r, r.root, [side for _, side in steps]))
+                plans.append((row, r, [side for _, side in steps]))
                 wanted.append((r.batch_id, leaf))
                 wanted.extend((r.batch_id, offset) for offset, _ in steps)
         if not wanted:
             return {}
         nodes = iter(await self.store.anchor_tree_slices(wanted))
         proofs: Proofs = {}
-        for r, root, sides in plans:
+        for row, r, sides in plans:
             leaf_node = next(nodes)
-            proof = proof_from_slices(root, leaf_node, [(next(nodes), side) for side in sides])
-            if verify_proof(proof):
+            path = [(next(nodes), side) for side in sides]
+            try:
+                proof = proof_from_slices(r.root or "", leaf_node, path)
+            except ValueError:  # a slice past the stored tree's end
+                proof = None
+            expected = leaf_hash(row.entry_did, row.sequence, row.item_data_hash)
+            if proof is not None and verify_proof(proof, expected):
                 proofs[r.batch_id, r.leaf_index] = proof.to_json()
-            else:  # never expected: served from the members instead
-                log.error("stored tree of batch %s does not lead to its root", r.batch_id)
+            else:
+                log.error("stored tree of batch %s: no proof of leaf %s", r.batch_id, r.leaf_index)
         return proofs
 
     async def _receipt(self, r: Receipt, proofs: Proofs) -> dict[str, Any]:

@@ -231,9 +231,18 @@ async def test_versions_are_listed_ascending_each_confirmed_with_a_proof_that_ve
         listing = await anchors(h.client, did)
     finally:
         del use_case._tree
+    # A stored tree that does not lead to the root (never expected) is not served from: the
+    # proofs come from the batch's members, the same ones.
+    execute = trio_asyncio.aio_as_trio(h.store._pool.execute)  # type: ignore[attr-defined]
+    await execute(
+        "UPDATE anchor_trees SET levels = decode(repeat('00', octet_length(levels)), 'hex')"
+        " WHERE batch_id IN (SELECT batch_id FROM anchor_receipts"
+        " WHERE intent_id = ANY($1::text[]))",
+        [f"ai_{v['sequence']}" for v in served],
+    )
+    assert await anchors(h.client, did) == listing
     # A batch submitted before its tree was stored (migration 0025) is served from its
     # members: the same proofs.
-    execute = trio_asyncio.aio_as_trio(h.store._pool.execute)  # type: ignore[attr-defined]
     await execute(
         "DELETE FROM anchor_trees WHERE batch_id IN (SELECT batch_id FROM anchor_receipts"
         " WHERE intent_id = ANY($1::text[]))",
