@@ -57,6 +57,7 @@ log = logging.getLogger(__name__)
 Append = Callable[[Change, IdemKey | None], Awaitable[Outcome]]
 BACKOFF = Backoff(initial=0.5, maximum=30.0)
 TREE_IN_THREAD = 2048  # leaves above which a batch's tree is built off the event loop
+BACKFILL_PAGE = 100  # batches without a stored tree read at once
 LEADERSHIP = "anchoring"
 
 
@@ -69,6 +70,7 @@ class AnchoringStats:
     """What the supervisor has done (read by health checks and tests)."""
 
     leader: bool = False
+    trees_backfilled: int = 0  # trees stored for batches submitted before migration 0025
     batches: int = 0
     confirmed: int = 0
     requeued: int = 0
@@ -90,6 +92,7 @@ class AnchoringHandle:
     def __init__(self) -> None:
         self.stats = AnchoringStats()
         self.wake = trio.Event()
+        self.trees_backfilled = trio.Event()  # set once a leader has stored the old trees
 
     def nudge(self) -> None:
         self.wake.set()
@@ -113,7 +116,7 @@ async def run_anchoring(
         async with store.leadership(LEADERSHIP) as leadership:
             stats.leader = True
             log.info("anchoring: this process is the anchoring leader")
-            await while_leading(leadership, supervisor.loop)
+            await while_leading(leadership, supervisor.lead)
     finally:
         stats.leader = False
 
@@ -147,6 +150,34 @@ class _Supervisor:
         self.last_claim_full = False
         # How long to wait before polling a submitted batch again: a fraction of a block.
         self.poll_seconds = min(config.block_interval_seconds / 4, 1.0)
+
+    async def lead(self) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.backfill_trees)
+            await self.loop()
+            nursery.cancel_scope.cancel()
+
+    async def backfill_trees(self) -> None:
+        """Store the tree of every batch submitted before trees were stored (migration 0025),
+        so that no read rebuilds one: once per batch, oldest first, each rebuilt from its
+        members and stored only if it leads to the batch's recorded root."""
+        after = 0
+        while True:
+            batches = await self.store.batches_without_tree(after, BACKFILL_PAGE)
+            if not batches:
+                self.handle.trees_backfilled.set()
+                return
+            for batch_id, root in batches:
+                after = batch_id
+                members = await self.store.anchor_batch_members(batch_id)
+                if not members:
+                    continue
+                tree = await self.tree_of(members)
+                if tree.root != root:
+                    log.error("anchoring: batch %s: its members do not lead to its root", batch_id)
+                    continue
+                await self.store.store_anchor_tree(batch_id, await self.levels(tree), len(tree))
+                self.stats.trees_backfilled += 1
 
     async def loop(self) -> None:
         failures = 0
@@ -234,7 +265,9 @@ class _Supervisor:
     async def tree(self, batch: OpenBatch) -> MerkleTree:
         """The batch's tree; a large one is built in a worker thread, so that a leader that
         also serves requests does not stall them while it hashes."""
-        members = [m for m, _ in batch.members]
+        return await self.tree_of([m for m, _ in batch.members])
+
+    async def tree_of(self, members: list[Member]) -> MerkleTree:
         if len(members) <= TREE_IN_THREAD:
             return tree_of(members)
         return await trio.to_thread.run_sync(tree_of, members)

@@ -368,6 +368,13 @@ class AnchorStore(LeaderStore, Protocol):
         `leaves` leaves), in one transaction."""
         ...
 
+    async def batches_without_tree(self, after: int, limit: int) -> list[tuple[int, str]]:
+        """(batch id, root) of submitted batches past `after` whose tree is not stored, oldest
+        first (those submitted before migration 0025)."""
+        ...
+
+    async def store_anchor_tree(self, batch_id: int, levels: bytes, leaves: int) -> None: ...
+
     async def anchor_tree_slices(self, wanted: Sequence[tuple[int, int]]) -> list[bytes]:
         """For each (batch id, byte offset), the NODE_BYTES at that offset of the batch's stored
         tree (registry/merkle.py `proof_offsets`), in order; fewer bytes (none) past its end or

@@ -928,6 +928,21 @@ class MemoryStore:
                 batch, root=root, transaction_id=transaction_id, state="submitted", levels=levels
             )
 
+    async def batches_without_tree(self, after: int, limit: int) -> list[tuple[int, str]]:
+        await self._call(write=False)
+        found = sorted(
+            (b.batch_id, b.root)
+            for b in self._tables.batches.values()
+            if b.batch_id > after and b.root is not None and not b.levels
+        )
+        return found[:limit]
+
+    async def store_anchor_tree(self, batch_id: int, levels: bytes, leaves: int) -> None:
+        await self._call(write=True)
+        batch = self._tables.batches[batch_id]
+        if not batch.levels:
+            self._tables.batches[batch_id] = replace(batch, levels=levels)
+
     async def anchor_tree_slices(self, wanted: Sequence[tuple[int, int]]) -> list[bytes]:
         await self._call(write=False)
         out = []

@@ -646,6 +646,28 @@ class PgStore:
             )
 
     @_seam
+    async def batches_without_tree(self, after: int, limit: int) -> list[tuple[int, str]]:
+        rows = await self._pool.fetch(
+            "SELECT b.batch_id, b.root FROM anchor_batches b"
+            " WHERE b.batch_id > $1 AND b.root IS NOT NULL"
+            "   AND NOT EXISTS (SELECT 1 FROM anchor_trees t WHERE t.batch_id = b.batch_id)"
+            " ORDER BY b.batch_id LIMIT $2",
+            after,
+            limit,
+        )
+        return [(r["batch_id"], r["root"]) for r in rows]
+
+    @_seam
+    async def store_anchor_tree(self, batch_id: int, levels: bytes, leaves: int) -> None:
+        await self._pool.execute(
+            "INSERT INTO anchor_trees (batch_id, leaves, levels) VALUES ($1, $2, $3)"
+            " ON CONFLICT (batch_id) DO NOTHING",
+            batch_id,
+            leaves,
+            levels,
+        )
+
+    @_seam
     async def anchor_tree_slices(self, wanted: Sequence[tuple[int, int]]) -> list[bytes]:
         rows = await self._pool.fetch(
             "SELECT coalesce(substring(t.levels FROM x.off + 1 FOR $3::integer), '') AS node"

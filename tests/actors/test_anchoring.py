@@ -911,6 +911,52 @@ async def test_the_store_lists_intents_and_keeps_settled_batches_settled(
         assert head.anchor_state == "confirmed"  # the head version's intent
 
 
+async def test_the_leader_stores_the_trees_of_batches_submitted_before_trees_were_stored() -> None:
+    """Batches submitted before migration 0025 have no stored tree (their proofs were rebuilt on
+    every read): a new leader rebuilds each once and stores it, unless its members do not lead
+    to the root it recorded."""
+    from dataclasses import replace
+
+    from registry.merkle import proof_from_slices, proof_offsets
+
+    async with open_rig(interval=0, depth=1, batch_size=3) as rig:
+        intents = await publish(rig.store, 9)
+        async with running(rig, AnchoringHandle()):
+            await wait_for_states(rig.store, intents, "confirmed")
+        batches = rig.store._tables.batches
+        ids = sorted(batches)
+        assert len(ids) == 3
+        assert all(batches[b].levels for b in ids)
+        stored = {b: batches[b].levels for b in ids}
+        for b in ids:  # as they were before the migration; the last one's root is not theirs
+            batches[b] = replace(batches[b], levels=b"")
+        batches[ids[-1]] = replace(batches[ids[-1]], root="ee" * 32)
+        assert [b for b, _ in await rig.store.batches_without_tree(0, 10)] == ids
+
+        handle = AnchoringHandle()
+        async with running(rig, handle):
+            with trio.fail_after(30):
+                await handle.trees_backfilled.wait()
+        assert handle.stats.trees_backfilled == 2
+        assert [batches[b].levels for b in ids[:2]] == [stored[b] for b in ids[:2]]
+        assert batches[ids[-1]].levels == b""  # not stored: it would not lead to the root
+        [row] = await rows(rig.store, intents[:1])
+        receipt = row.receipts[-1]
+        assert receipt.leaves == 3
+        leaf, steps = proof_offsets(3, receipt.leaf_index)
+        nodes = await rig.store.anchor_tree_slices(
+            [(receipt.batch_id, leaf)] + [(receipt.batch_id, at) for at, _ in steps]
+        )
+        proof = proof_from_slices(
+            receipt.root or "",
+            nodes[0],
+            [(n, side) for n, (_, side) in zip(nodes[1:], steps, strict=True)],
+        )
+        assert verify_proof(
+            proof, leaf_hash(intents[0].did, intents[0].sequence, intents[0].item_data_hash)
+        )
+
+
 # --- leadership -------------------------------------------------------------------------------
 
 
