@@ -39,6 +39,7 @@ from ws.transport import (
     ConnectionGuard,
     ConnectionLimits,
     install_in_hypercorn,
+    refuse_websocket_extensions,
 )
 
 log = logging.getLogger("registry")
@@ -235,6 +236,7 @@ async def serve(
 
             async def run_http(task_status: trio.TaskStatus[list[str]]) -> None:
                 # The event fan-out writes frames to the socket; connections are bounded.
+                refuse_websocket_extensions()  # no permessage-deflate (ws/transport.py)
                 hooked = config.server.connection_hook and install_in_hypercorn()
                 if not config.server.connection_hook:
                     log.warning(

@@ -228,6 +228,8 @@ class ClientFrames:
         else:
             size = code
         opcode, final = head[0] & 0x0F, head[0] & 0x80
+        if head[0] & 0x70:  # RSV1-3: no extension is ever agreed (refuse_websocket_extensions)
+            raise _FrameRefused(1002, "reserved bits set: no extension was negotiated")
         if opcode & 0x08:  # close, ping, pong: at most 125 bytes (wsproto checks the rest)
             if opcode in (0x9, 0xA):
                 decision, self._control = take(
@@ -540,6 +542,30 @@ def hook_unfit(version: str | None = None, server: Any = None) -> str | None:
     if not inspect.iscoroutinefunction(getattr(server, "run", None)):
         return "hypercorn's TCPServer has no coroutine run()"
     return None
+
+
+def refuse_websocket_extensions() -> None:
+    """Make Hypercorn agree to no WebSocket extension (once; every connection, hooked or not).
+
+    Hypercorn accepts `permessage-deflate` whenever a client offers it, and wsproto then inflates
+    each message in full before Hypercorn's size check sees it: a 15 KB frame is a 16 MB message
+    in memory, and the buffer that refuses it (1009) keeps taking the next ones (hostile review:
+    30 such frames on one socket, 466 KB sent, grew the process by 516 MB). The events are small
+    JSON messages; the registry negotiates no compression, so a client compresses nothing, and
+    a frame with a reserved bit set is refused (`ClientFrames`; wsproto refuses it too)."""
+    from hypercorn.protocol import ws_stream
+
+    handshake = ws_stream.Handshake
+    if getattr(handshake, "registry_no_extensions", False):
+        return
+    parse = handshake.__init__
+
+    def init(self: Any, headers: list[tuple[bytes, bytes]], http_version: str) -> None:
+        parse(self, headers, http_version)
+        self.extensions = None  # as if none were offered: none is agreed
+
+    handshake.__init__ = init  # type: ignore[method-assign]
+    handshake.registry_no_extensions = True  # type: ignore[attr-defined]
 
 
 def install_in_hypercorn() -> bool:

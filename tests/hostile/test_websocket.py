@@ -201,3 +201,53 @@ def test_a_message_of_endless_empty_fragments_is_refused(server: Server) -> None
     sock.close()
     assert closed
     assert close_code(data) in (1008, None)  # the close frame may be lost to a reset
+
+
+def _deflate_bomb(size: int) -> bytes:
+    """A client frame with RSV1 set whose payload inflates (permessage-deflate) to `size` bytes."""
+    import zlib
+
+    packer = zlib.compressobj(9, zlib.DEFLATED, -15)
+    payload = packer.compress(b"a" * size) + packer.flush(zlib.Z_SYNC_FLUSH)
+    frame = client_frame(payload[:-4])  # the extension drops the sync flush's 00 00 ff ff
+    return bytes((frame[0] | 0x40,)) + frame[1:]
+
+
+def test_no_compression_is_negotiated_and_a_deflate_bomb_is_refused_unread(
+    server: Server,
+) -> None:
+    """A client that offers permessage-deflate is agreed no extension, and a compressed frame
+    (a 15 KB one inflates to 16 MB) is refused with 1002 before anything inflates it (hostile
+    review: 30 of them on one socket grew the process by 516 MB)."""
+    import base64
+    import os
+
+    from tests.hostile.raw import connect
+
+    baseline = rss_kib(server.proc.pid)
+    bomb = _deflate_bomb(16_000_000)
+    assert len(bomb) < 20_000
+    with ExitStack() as stack:
+        for i in range(20):
+            sock = stack.enter_context(connect(server.url, f"127.0.3.{i + 1}"))
+            key = base64.b64encode(os.urandom(16))
+            sock.sendall(
+                b"GET /v1/events HTTP/1.1\r\nHost: registry\r\nUpgrade: websocket\r\n"
+                b"Connection: Upgrade\r\nSec-WebSocket-Key: " + key + b"\r\n"
+                b"Sec-WebSocket-Version: 13\r\n"
+                b"Sec-WebSocket-Extensions: permessage-deflate; client_max_window_bits\r\n\r\n"
+            )
+            head = b""
+            while b"\r\n\r\n" not in head:
+                chunk = sock.recv(1)
+                assert chunk, head
+                head += chunk
+            assert head.startswith(b"HTTP/1.1 101 "), head
+            assert b"sec-websocket-extensions" not in head.lower(), head
+            sock.sendall(bomb * 3)
+            data, closed = read_until_closed(sock, limit=8)
+            assert closed
+            assert close_code(data) == 1002
+        assert health_from(server.url, "127.0.4.1").status_code == 200
+    grown = rss_kib(server.proc.pid) - baseline
+    assert grown < 64 * 1024, f"the process grew by {grown} KiB"
