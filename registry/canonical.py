@@ -350,3 +350,52 @@ def sha256_hex(data: bytes) -> str:
 def item_data_hash(item_data: JSONValue) -> str:
     """`itemDataHash`: lowercase hex SHA-256 of JCS(itemData)."""
     return sha256_hex(canonicalize(item_data))
+
+
+def with_member(doc: str, name: str, value: str) -> str:
+    """The JCS text of the object whose JCS text is `doc`, with member `name` (absent from it)
+    set to the value whose JCS text is `value`: spliced in where JCS orders it, so the cost is
+    a walk of `doc`'s members (each value parsed by the json module, in C), never a
+    canonicalisation of `value`. ValueError where `doc` is not an object text without `name`
+    whose members are in JCS order with nothing between them; its values are taken as written
+    (a stored version's text is JCS: the registry wrote it)."""
+    bad = ValueError(f"not a JCS object text without {name!r}")
+    if not doc.startswith("{"):
+        raise bad
+    decoder = _VALUES
+    at = 1  # where the member goes: before the first member whose key orders after `name`
+    found = False
+    last: bytes | None = None
+    i = 1
+    try:
+        while doc[i] != "}":
+            if doc[i] != '"':
+                raise bad
+            key, end = _scanstring(doc, i + 1)
+            if doc[end] != ":":
+                raise bad
+            order = _utf16_key(key)
+            if key == name or (last is not None and order <= last):
+                raise bad
+            if not found and order > _utf16_key(name):
+                at, found = i, True
+            last = order
+            _, i = decoder.raw_decode(doc, end + 1)
+            if doc[i] == ",":
+                i += 1
+                if doc[i] == "}":
+                    raise bad
+            elif doc[i] != "}":
+                raise bad
+    except (IndexError, json.JSONDecodeError):
+        raise bad from None
+    if i != len(doc) - 1:
+        raise bad
+    member = _encode_string(name) + ":" + value
+    if not found:  # last, or alone
+        return doc[:-1] + ("," if len(doc) > 2 else "") + member + "}"
+    return doc[:at] + member + "," + doc[at:]
+
+
+_scanstring: Any = getattr(json.decoder, "scanstring")  # noqa: B009 (untyped in typeshed)
+_VALUES = json.JSONDecoder()  # with_member's walk: any JSON value, as the json module reads it

@@ -516,3 +516,35 @@ def test_parse_strict_refuses_exactly_what_the_walk_refuses(value: Any, ascii_on
 )
 def test_what_only_the_walk_can_tell_is_still_told(raw: str, expected: tuple[str, Any]) -> None:
     assert _rule_or_value(parse_strict, raw) == expected
+
+
+# --- with_member: a member spliced into a JCS object text --------------------------------------
+
+
+@given(
+    st.dictionaries(_keys, _json(_any_finite), max_size=6),
+    _keys,
+    _json(_any_finite),
+)
+def test_a_spliced_member_gives_the_canonical_text_of_the_whole(
+    obj: dict[str, Any], name: str, value: Any
+) -> None:
+    obj.pop(name, None)
+    spliced = canonical.with_member(canonicalize(obj).decode(), name, canonicalize(value).decode())
+    assert spliced == canonicalize({**obj, name: value}).decode()
+
+
+@pytest.mark.parametrize(
+    ("doc", "name"),
+    [
+        ('{"a":1}', "a"),  # already there
+        ("[1]", "a"),  # not an object
+        ('{"b":1, "a":2}', "c"),  # not JCS: a space, keys out of order
+        ('{"b":1,"a":2}', "c"),  # keys out of order
+        ('{"a":1,}', "c"),  # a trailing comma
+        ('{"a":1}x', "c"),  # something after it
+    ],
+)
+def test_a_text_that_is_not_a_jcs_object_without_the_member_is_refused(doc: str, name: str) -> None:
+    with pytest.raises(ValueError, match="JCS"):
+        canonical.with_member(doc, name, "1")
