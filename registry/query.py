@@ -12,6 +12,7 @@ with at least two children, none of which is of the same kind (so `a AND b AND c
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import Literal, Union
@@ -43,6 +44,20 @@ class Compare:
 class InList:
     field: str
     values: tuple[Value, ...]
+
+    @functools.cached_property
+    def typed_values(self) -> frozenset[tuple[type, Value]]:
+        """The values that are strings, booleans or integers, each with its type (jsonb tells
+        `true` from `1`): what a cached page's list is tested with, once per list."""
+        return frozenset((type(v), v) for v in self.values if _simple(v))
+
+    @functools.cached_property
+    def all_simple(self) -> bool:
+        return all(_simple(v) for v in self.values)
+
+
+def _simple(v: Value) -> bool:
+    return isinstance(v, str | bool) or (isinstance(v, int) and not isinstance(v, bool))
 
 
 @dataclass(frozen=True)
