@@ -928,9 +928,9 @@ class PgStore:
     async def vacuum_records(self) -> None:
         async with self._pool.acquire() as conn:
             try:  # INDEX_CLEANUP ON: PostgreSQL 14+ may skip the indexes when few rows are dead
-                await conn.execute("VACUUM (INDEX_CLEANUP ON) records")
+                await conn.execute("VACUUM (ANALYZE, INDEX_CLEANUP ON) records")
             except asyncpg.PostgresSyntaxError:  # before PostgreSQL 12
-                await conn.execute("VACUUM records")
+                await conn.execute("VACUUM ANALYZE records")
 
     # --- federation -----------------------------------------------------------------------
 

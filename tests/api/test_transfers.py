@@ -294,6 +294,24 @@ async def test_offer_expiry_may_be_exactly_thirty_days_but_not_a_millisecond_mor
             id="signature-value-garbage",
         ),
         pytest.param(
+            lambda w: {
+                **offer_body(w),
+                "ownerSignature": {**offer_body(w)["ownerSignature"], "created": [1e-7] * 100},
+            },
+            "offer_invalid",
+            "ownerSignature.created",
+            id="signature-created-not-a-date",
+        ),
+        pytest.param(
+            lambda w: {
+                **offer_body(w),
+                "ownerSignature": {**offer_body(w)["ownerSignature"], "created": "yesterday"},
+            },
+            "offer_invalid",
+            "ownerSignature.created",
+            id="signature-created-not-rfc3339",
+        ),
+        pytest.param(
             lambda w: offer_body(w, signer=w.other),
             "signature_key_mismatch",
             "ownerSignature.keyId",
