@@ -256,7 +256,12 @@ class LogStore(Protocol):
 class EntryStore(Protocol):
     """Reads of entries: heads, versions (local and replicated), and what a change wrote."""
 
-    async def get_entry_head(self, entry_did: str) -> EntryHead | None: ...
+    async def get_entry_head(
+        self, entry_did: str, *, attestations: int = INLINE_ATTESTATIONS
+    ) -> EntryHead | None:
+        """The entry's head with its first `attestations` shown attestations (0: none read,
+        for a check that the entry is there)."""
+        ...
     async def list_versions(
         self, entry_did: str, before_seq: int | None, limit: int, page_bytes: int
     ) -> tuple[list[str | None], int]:

@@ -775,7 +775,9 @@ class MemoryStore:
 
     # --- entries --------------------------------------------------------------------------
 
-    async def get_entry_head(self, entry_did: str) -> EntryHead | None:
+    async def get_entry_head(
+        self, entry_did: str, *, attestations: int = INLINE_ATTESTATIONS
+    ) -> EntryHead | None:
         await self._call(write=False)
         entry = self._tables.entries.get(entry_did)
         if entry is None:
@@ -792,7 +794,7 @@ class MemoryStore:
                 and (r.row.expires_ms is None or r.row.expires_ms > now)
             ),
             key=lambda row: row.created_seq,
-        )[:INLINE_ATTESTATIONS]
+        )[:attestations]
         return EntryHead(
             entry_did,
             entry.head_seq,

@@ -459,8 +459,10 @@ class PgStore:
     # --- entries --------------------------------------------------------------------------
 
     @_seam
-    async def get_entry_head(self, entry_did: str) -> EntryHead | None:
-        row = await self._pool.fetchrow(ENTRY_HEAD_SQL, entry_did, INLINE_ATTESTATIONS)
+    async def get_entry_head(
+        self, entry_did: str, *, attestations: int = INLINE_ATTESTATIONS
+    ) -> EntryHead | None:
+        row = await self._pool.fetchrow(ENTRY_HEAD_SQL, entry_did, attestations)
         if row is None:
             return None
         return EntryHead(

@@ -259,7 +259,7 @@ class Entries:
         if cached is not None and not _short_of_attestations(cached, self.clock_ms()):
             return cached
         epoch = self.cache.epoch
-        head = await self.live_head(did)
+        head = await self.live_head(did, attestations=True)
         served = Served(
             head.head_seq, with_anchor_state(head.doc, head.anchor_state), head.attestations
         )
@@ -271,7 +271,7 @@ class Entries:
     async def replica(self, did: str) -> ReplicaVersion | None:
         """The live replica of `did` synced from a peer, if no local entry has that DID (a
         deleted local entry wins too: its DID is never served from elsewhere)."""
-        if await self.store.get_entry_head(did) is not None:
+        if await self.store.get_entry_head(did, attestations=0) is not None:
             return None
         found = await self.store.replica_head(did)
         return None if found is None or found.lifecycle == "deleted" else found
@@ -410,8 +410,13 @@ class Entries:
                 details={"version": label, "sequence": earlier[0]},
             )
 
-    async def live_head(self, did: str) -> EntryHead:
-        head = await self.store.get_entry_head(did)
+    async def live_head(self, did: str, *, attestations: bool = False) -> EntryHead:
+        """The head of a live entry (404 otherwise); with its shown `attestations` only where
+        they are served (an existence check of a route would read up to 50 credentials of up
+        to 64 KiB each, on anonymous routes)."""
+        head = await self.store.get_entry_head(
+            did, attestations=INLINE_ATTESTATIONS if attestations else 0
+        )
         if head is None or head.lifecycle == "deleted":
             raise NotFound("entry not found", code="entry_not_found", details={"entryDid": did})
         return head

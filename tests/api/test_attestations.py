@@ -719,3 +719,35 @@ async def test_a_revoked_attestation_that_had_lapsed_stays_unshown(world: World)
         record["attestationId"],
     )
     assert await shown(w) == []
+
+
+async def test_routes_that_only_check_the_entry_read_none_of_its_attestations(
+    world: World,
+) -> None:
+    """Anyone may attest any entry with up to 50 credentials of 64 KiB: the routes that only
+    need the entry to exist (its versions, a version, its anchors, its attestation list) must
+    not read them from the database on every request (hostile review: 2.7 MB a request)."""
+    w = world
+    await attest(w)
+    store = w.h.store
+    asked: list[int] = []
+    original = store.get_entry_head
+
+    async def counting(did: str, *, attestations: int = INLINE_ATTESTATIONS) -> Any:
+        asked.append(attestations)
+        return await original(did, attestations=attestations)
+
+    store.get_entry_head = counting  # type: ignore[method-assign]
+    try:
+        for path in ("versions", f"versions/{w.entry['sequence']}", "attestations"):
+            r = await w.h.client.get(f"/v1/entries/{w.did}/{path}")
+            assert r.status_code == 200, (path, await r.get_data())
+        r = await w.h.client.get(f"/v1/anchors/{w.did}")
+        assert r.status_code == 200
+        assert asked
+        assert set(asked) == {0}
+        w.h.deps.entries.cache.clear()
+        assert len(await shown(w)) == 1  # the entry itself: read with them
+        assert asked[-1] == INLINE_ATTESTATIONS
+    finally:
+        del store.get_entry_head
