@@ -159,4 +159,8 @@ def register(app: QuartTrio) -> None:
         ok={"200": ok("OpenApiDocument", "OpenAPI 3.1")},
     )
     async def openapi(ctx: Ctx) -> Response:
-        return json_response(dumps(openapi_document(current_app)))
+        # Serialised once (150 KB, ~9 ms of CPU each time before): an anonymous route.
+        text = current_app.extensions.get("openapi_text")
+        if text is None:
+            text = current_app.extensions["openapi_text"] = dumps(openapi_document(current_app))
+        return json_response(text)
