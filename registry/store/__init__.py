@@ -262,6 +262,7 @@ class EntryStore(Protocol):
         """The entry's head with its first `attestations` shown attestations (0: none read,
         for a check that the entry is there)."""
         ...
+
     async def list_versions(
         self, entry_did: str, before_seq: int | None, limit: int, page_bytes: int
     ) -> tuple[list[str | None], int]:
