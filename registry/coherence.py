@@ -51,6 +51,13 @@ class ChangeVersions(Protocol):
     ) -> dict[int, list[tuple[str, list[str]]]]: ...
 
 
+def _entry_weight(served: Served) -> int:
+    """What a cached entry holds: its version and attestations and, where it shows any, the
+    text served with them (`Served.at` keeps it: about as much again)."""
+    parts = len(served.doc) + sum(len(a) for _, a in served.attestations)
+    return ITEM_OVERHEAD + (2 * parts if served.attestations else parts)
+
+
 class Caches:
     """The process's caches, kept true by the rules of this module; the use-cases read them."""
 
@@ -59,9 +66,7 @@ class Caches:
         # entry may be up to 1 MiB, so a count alone bounds nothing (the soak: 50,000 heads).
         self.entries: FollowedCache[str, Served] = FollowedCache(
             max_bytes=max_bytes,
-            weigh=lambda served: (
-                ITEM_OVERHEAD + len(served.doc) + sum(len(a) for _, a in served.attestations)
-            ),
+            weigh=_entry_weight,
         )
         self.sessions: FollowedCache[bytes, SessionRecord] = FollowedCache()
         self.results = ResultCache(max(1, discover_capacity), max_bytes=max_bytes)

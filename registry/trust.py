@@ -154,8 +154,7 @@ def check_offer_signature(signature: Any, owner_did: str, message: bytes) -> dic
             code="offer_invalid",
             details={"field": "ownerSignature"},
         )
-    created = signature.get("created")
-    if created is not None and not _is_timestamp(created):
+    if "created" in signature and not _is_timestamp(signature["created"]):
         raise Invalid(
             "ownerSignature.created must be an RFC 3339 date-time with offset",
             code="offer_invalid",

@@ -566,6 +566,9 @@ def refuse_websocket_extensions() -> None:
 
     handshake.__init__ = init  # type: ignore[method-assign]
     handshake.registry_no_extensions = True  # type: ignore[attr-defined]
+    offered = handshake([(b"sec-websocket-extensions", b"permessage-deflate")], "1.1")
+    if offered.extensions is not None:  # a Hypercorn whose handshake reads them elsewhere
+        raise RuntimeError("Hypercorn's WebSocket handshake would still agree to an extension")
 
 
 def install_in_hypercorn() -> bool:

@@ -312,6 +312,15 @@ async def test_offer_expiry_may_be_exactly_thirty_days_but_not_a_millisecond_mor
             id="signature-created-not-rfc3339",
         ),
         pytest.param(
+            lambda w: {
+                **offer_body(w),
+                "ownerSignature": {**offer_body(w)["ownerSignature"], "created": None},
+            },
+            "offer_invalid",
+            "ownerSignature.created",
+            id="signature-created-null",
+        ),
+        pytest.param(
             lambda w: offer_body(w, signer=w.other),
             "signature_key_mismatch",
             "ownerSignature.keyId",

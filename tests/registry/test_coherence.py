@@ -52,3 +52,30 @@ def test_a_local_write_drops_its_entry_and_nothing_is_cached_while_not_live() ->
     caches.set_live(False)
     caches.entries.put(DID, Served(1, "{}"), caches.entries.epoch)
     assert caches.entries.get(DID) is None
+
+
+def test_a_cached_entry_weighs_what_it_holds_its_served_text_included() -> None:
+    """`limits.cache_mib` bounds what the entry cache holds: an entry that shows attestations
+    keeps the text served with them too (`Served.at`), about as much again."""
+    import tracemalloc
+
+    from registry.caches import Served
+    from registry.canonical import canonicalize
+    from registry.coherence import Caches
+
+    caches = Caches(max_bytes=64 << 20)
+    caches.set_live(True)
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for n in range(40):
+        doc = canonicalize({"entryDid": f"did:web:e{n}", "pad": "x" * 50_000}).decode()
+        shown = tuple(
+            (None, canonicalize({"attestationId": f"a{n}-{k}", "pad": "y" * 30_000}).decode())
+            for k in range(5)
+        )
+        served = Served(n + 1, doc, shown)
+        caches.entries.put(f"did:web:e{n}", served, caches.entries.epoch)
+        served.at(0)  # as a GET does
+    held = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    assert held <= caches.entries.bytes * 1.1, (held, caches.entries.bytes)
