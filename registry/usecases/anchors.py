@@ -36,13 +36,13 @@ from registry.store import AnchorStore, IntentRow, Receipt
 from registry.usecases.common import Principal, page_size
 from registry.usecases.entries import Entries
 
-# Matched with `fullmatch`: `$` would also match before a final newline, which the base64
-# decoder then skips, so a valid cursor plus "\n" would pass (spec 4.3: ^[A-Za-z0-9_-]+$).
 log = logging.getLogger(__name__)
 
 # The proofs read from stored trees, by (batch id, leaf index): their wire form.
 Proofs = dict[tuple[int, int], dict[str, Any]]
 
+# Matched with `fullmatch`: `$` would also match before a final newline, which the base64
+# decoder then skips, so a valid cursor plus "\n" would pass (spec 4.3: ^[A-Za-z0-9_-]+$).
 CURSOR = re.compile(r"[A-Za-z0-9_-]{1,2048}")
 # Merkle trees of recent batches, for the proofs of batches submitted before their trees were
 # stored (migration 0025; since then a proof is sliced out of the stored tree, not built): at
