@@ -71,10 +71,11 @@ def put(
     uniq: str | None = None,
     exists: RegistryError | None = None,
     duplicate: Refusal | RegistryError | None = None,
+    rendered: str | None = None,
 ) -> dict[str, Any]:
     """One record write of `apply_records`: a new record (`based_on` None) or the next version
     of `based_on`. `exists` refuses a new record whose id is taken; `duplicate` a `uniq` claim
-    that another record holds."""
+    that another record holds. `rendered`: `render(doc)`, where the caller has it already."""
     item: dict[str, Any] = {
         "kind": kind,
         "id": record_id,
@@ -84,7 +85,7 @@ def put(
         "status": status,
         "expiresAtMs": expires_ms,
         "uniq": uniq,
-        "doc": render(doc),
+        "doc": render(doc) if rendered is None else rendered,
     }
     if exists is not None:
         item["exists"] = Refusal.of(exists).to_json()
