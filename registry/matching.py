@@ -37,6 +37,7 @@ from registry.query import (
     RegistryQuery,
     Value,
     mentions,
+    simple_value,
 )
 
 Maybe = bool | None  # True, False, or None: cannot tell
@@ -96,7 +97,7 @@ def _relationships_of(elements: tuple[Any, ...]) -> Relationships:
             continue
         for key, value in element.items():
             present.add(key)
-            if _simple(value):
+            if simple_value(value):
                 holding.setdefault((key, type(value), value), set()).add(at)
                 values.setdefault(key, set()).add((type(value), value))
             else:
@@ -349,13 +350,9 @@ def _column(field: str, f: Facts) -> Any:
     return _UNKNOWN if value is None else value
 
 
-def _simple(value: Any) -> bool:
-    return isinstance(value, str | bool) or (isinstance(value, int) and not isinstance(value, bool))
-
-
 def _same_json(stored: Any, value: Value) -> Maybe:
     """jsonb equality of two scalars, when both are strings, booleans or integers."""
-    if not (_simple(stored) and _simple(value)):
+    if not (simple_value(stored) and simple_value(value)):
         return None
     return type(stored) is type(value) and stored == value
 
@@ -375,7 +372,7 @@ def _has_relationship(f: Facts, wanted: dict[str, Value]) -> Maybe:
     index = f.relationship_index
     if not wanted:
         return None if index.odd else bool(f.relationships)
-    if not all(_simple(v) for v in wanted.values()):  # no element holds it: at best maybe
+    if not all(simple_value(v) for v in wanted.values()):  # no element holds it: at best maybe
         return None if index.odd or any(k in index.present for k in wanted) else False
     found: frozenset[int] | None = None
     for key, value in wanted.items():

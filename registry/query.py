@@ -49,14 +49,15 @@ class InList:
     def typed_values(self) -> frozenset[tuple[type, Value]]:
         """The values that are strings, booleans or integers, each with its type (jsonb tells
         `true` from `1`): what a cached page's list is tested with, once per list."""
-        return frozenset((type(v), v) for v in self.values if _simple(v))
+        return frozenset((type(v), v) for v in self.values if simple_value(v))
 
     @functools.cached_property
     def all_simple(self) -> bool:
-        return all(_simple(v) for v in self.values)
+        return all(simple_value(v) for v in self.values)
 
 
-def _simple(v: Value) -> bool:
+def simple_value(v: object) -> bool:
+    """A string, boolean or integer: a value jsonb compares as matching does."""
     return isinstance(v, str | bool) or (isinstance(v, int) and not isinstance(v, bool))
 
 
