@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/append_cpu.py [--appends 3000] [--runs 2] [--writers 1]
                                          [--batch 1] [--sql STATEMENT] [--minimal]
-                                         [--postgres URL]
+                                         [--statements N] [--postgres URL]
 
 Creates a fresh database per run on the server (default `postgresql://postgres@127.0.0.1:5432`,
 or `BENCH_POSTGRES`), migrates it, appends `--appends` entry creations (the first 200 one a
@@ -21,6 +21,9 @@ of the calls; changes/s is then the figure, and it is bounded by the part of eac
 that holds the log head (the critical section) once the cores are not the limit.
 `--sql STATEMENT` (repeatable) runs after the migrations: an experiment (an index dropped, a
 column's storage changed). Used for issue 21 (A/B in bench/README.md).
+`--statements N`: the N costliest statements of the measured calls, nested ones included (the
+server needs pg_stat_statements with `pg_stat_statements.track = all`), in us per change: what
+runs under the log head and what before it.
 """
 
 from __future__ import annotations
@@ -59,6 +62,22 @@ async def backend_cpu_seconds(conn: asyncpg.Connection) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+async def print_statements(conn: asyncpg.Connection, top: int, changes: int) -> None:
+    """The `top` statements (nested ones too: the server needs pg_stat_statements with
+    `pg_stat_statements.track = all`) by execution time, in us per change."""
+    rows = await conn.fetch(
+        "SELECT total_exec_time + total_plan_time AS total_exec_time, calls, plans, query"
+        " FROM pg_stat_statements"
+        " WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"
+        " ORDER BY total_exec_time DESC LIMIT $1",
+        top,
+    )
+    for r in rows:
+        query = " ".join(r["query"].split())[:110]
+        us = r["total_exec_time"] * 1000 / changes
+        print(f"  {us:8.1f} us {r['calls']:7d} calls {r['plans']:5d} plans  {query}")
+
+
 def change_of(i: int, tag: str, minimal: bool) -> tuple[Change, IdemKey | None]:
     did = f"did:web:bench.example:{tag}:{i}"
     if minimal:
@@ -95,6 +114,7 @@ async def run(
     fresh: bool,
     batch: int,
     sql: list[str],
+    statements: int = 0,
 ) -> tuple[float, float]:
     name = f"registry_bench_append_{secrets.token_hex(4)}"
     admin = await asyncpg.connect(server + "/postgres")
@@ -135,6 +155,8 @@ async def run(
                 for p in again[:10]:
                     await c.fetch(SQL, p, IDEMPOTENCY_WINDOW_MS)
             shares = [payloads[k::writers] for k in range(writers)]
+            if statements:
+                await conns[0].execute("SELECT pg_stat_statements_reset()")
             cpu0 = [await backend_cpu_seconds(c) for c in conns]
             wall0 = time.perf_counter()
 
@@ -145,6 +167,8 @@ async def run(
             await asyncio.gather(*(write(c, s) for c, s in zip(conns, shares, strict=True)))
             wall = time.perf_counter() - wall0
             cpu = sum([await backend_cpu_seconds(c) for c in conns]) - sum(cpu0)
+            if statements:
+                await print_statements(conns[0], statements, appends - WARMUP)
         finally:
             for c in conns:
                 await c.close()
@@ -176,6 +200,13 @@ def main() -> None:
         "--set", action="append", default=[], metavar="NAME=VALUE", help="a session setting"
     )
     parser.add_argument(
+        "--statements",
+        type=int,
+        default=0,
+        metavar="N",
+        help="print the N costliest statements (pg_stat_statements, track = all, on the server)",
+    )
+    parser.add_argument(
         "--postgres",
         default=os.environ.get("BENCH_POSTGRES", "postgresql://postgres@127.0.0.1:5432"),
     )
@@ -191,6 +222,7 @@ def main() -> None:
                 args.fresh,
                 args.batch,
                 args.sql,
+                args.statements,
             )
         )
         print(

@@ -47,12 +47,17 @@ DECLARE
     v_staged  entry_staged[] := '{}';
     s         entry_staged;
     j         integer;
+    v_bulk    boolean := true;
 BEGIN
     -- Outside the critical section: what each change derives without its position.
     FOR c IN SELECT value FROM jsonb_array_elements(p_changes) LOOP
         i := i + 1;
         IF c ->> 'handler' = 'apply_entry_version' THEN
             v_staged[i] := stage_entry_version(c -> 'rows');
+        END IF;
+        IF c ->> 'handler' <> 'apply_entry_version' OR c #>> '{rows,expectedHead}' IS NOT NULL
+           OR c #>> '{rows,lifecycle}' = 'deleted' OR c ? 'also' THEN
+            v_bulk := false;
         END IF;
     END LOOP;
     -- Each create's searchable row (entry_search and its fourteen indexes), in DID order: two
@@ -68,11 +73,45 @@ BEGIN
                                           p_changes -> (j - 1) -> 'rows', s);
         v_staged[j] := s;
     END LOOP;
+    -- A batch of creates only, of distinct DIDs and keys, each with its searchable row: it may
+    -- be applied in bulk (apply_entry_creates) if, under the lock, none would be refused or
+    -- replayed.
+    IF v_bulk THEN
+        SELECT count(DISTINCT t.c ->> 'subject') = count(*)
+               AND count(DISTINCT CASE WHEN t.c ? 'idem' THEN ARRAY[t.c #>> '{idem,scope}',
+                         t.c #>> '{idem,operation}', t.c #>> '{idem,key}'] END)
+                   = count(*) FILTER (WHERE t.c ? 'idem')
+               AND bool_and(coalesce((v_staged[t.n]).inserted, false))
+          INTO v_bulk
+          FROM jsonb_array_elements(p_changes) WITH ORDINALITY AS t(c, n);
+    END IF;
     i := 0;
     -- The critical section: from here to the commit, one batch at a time.
     SELECT log_head.seq INTO v_head FROM log_head WHERE id = 1 FOR UPDATE;
     v_start := v_head;
-    FOR c IN SELECT value FROM jsonb_array_elements(p_changes) LOOP
+    IF v_bulk THEN
+        -- One lookup by key per change (LATERAL ... LIMIT 1: a plan cached while the tables
+        -- are small must not hash a whole table).
+        PERFORM 1 FROM jsonb_array_elements(p_changes) AS t(c)
+          CROSS JOIN LATERAL (
+                (SELECT 1 FROM idempotency x
+                  WHERE x.scope = t.c #>> '{idem,scope}'
+                    AND x.operation = t.c #>> '{idem,operation}' AND x.key = t.c #>> '{idem,key}'
+                    AND x.created_at > now() - p_window_ms * interval '1 millisecond' LIMIT 1)
+                UNION ALL
+                (SELECT 1 FROM entries e WHERE e.entry_did = t.c ->> 'subject' LIMIT 1)
+                UNION ALL
+                (SELECT 1 FROM replica_versions rv WHERE rv.entry_did = t.c ->> 'subject' LIMIT 1)
+          ) AS taken
+         LIMIT 1;
+        v_bulk := NOT FOUND;
+    END IF;
+    IF v_bulk THEN
+        RETURN QUERY SELECT * FROM apply_entry_creates(v_head, p_changes, v_staged);
+        v_head := v_head + jsonb_array_length(p_changes);
+    END IF;
+    -- Otherwise change by change, in the batch's order.
+    FOR c IN SELECT value FROM jsonb_array_elements(p_changes) WHERE NOT v_bulk LOOP
         i := i + 1;
         IF c ? 'idem' THEN
             v_fp := decode(c #>> '{idem,fingerprint}', 'hex');
