@@ -17,6 +17,7 @@ standby. The PostgreSQL CPU of those rows is split: primary, replica.
 
     .venv/bin/python bench/scale.py                       # ~3 minutes on 2 cores
     .venv/bin/python bench/scale.py --procs 1,2,4,8 --duration 10 --no-replica
+    .venv/bin/python bench/scale.py --waits     # + what the appending backends wait on
 
 Columns: req/s; p50/p99 (wrk); vs bare (req/s over the same N's bare row); vs 1 proc (req/s
 over the 1-process row of the same endpoint); srv µs/req (CPU of the N servers per request);
@@ -24,13 +25,16 @@ pg µs/req (the database: the bench database's backends and the server's backgro
 replica µs/req. Under the table, the batches the writers committed per second during each
 setup's create rows (warm-up included; `registry_writer_batches_total` from each server's
 /metrics): each sends every process a notification, and every process reads the log after it
-(bench/follow.py measures what that costs a process). Exit status 0 when every row was clean,
-1 otherwise, 2 when wrk is missing.
+(bench/follow.py measures what that costs a process). With --waits, also what the backends in
+`append_changes` waited on during each setup's create rows (`pg_stat_activity` every 20 ms:
+`Lock:tuple` and `Lock:transactionid` are batches queued for the log head; CPU is running).
+Exit status 0 when every row was clean, 1 otherwise, 2 when wrk is missing.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -90,6 +94,63 @@ def committed_batches(servers: list[be.Server]) -> float:
     return total
 
 
+class WaitSampler:
+    """What the backends appending to the log wait on (`--waits`): every 20 ms, in a thread of
+    its own, the wait event of each backend of the database that runs `append_changes`
+    (`pg_stat_activity`; no wait event: on a CPU). With N processes writing, time spent waiting
+    for `Lock: tuple` and `Lock: transactionid` is time queued for the log head's row lock."""
+
+    INTERVAL = 0.02
+
+    def __init__(self, dsn: str, db: str) -> None:
+        import threading
+        from collections import Counter
+
+        self.dsn, self.db = dsn, db
+        self.counts: Counter[str] = Counter()
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> WaitSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        import asyncio
+
+        import asyncpg
+
+        async def sample() -> None:
+            conn = await asyncpg.connect(self.dsn, timeout=10)
+            try:
+                while not self._stop.is_set():
+                    rows = await conn.fetch(
+                        "SELECT coalesce(wait_event_type || ':' || wait_event, 'CPU') AS w"
+                        " FROM pg_stat_activity WHERE datname = $1 AND state = 'active'"
+                        " AND query LIKE '%append_changes(%' AND pid <> pg_backend_pid()",
+                        self.db,
+                    )
+                    self.samples += 1
+                    self.counts.update(r["w"] for r in rows)
+                    await asyncio.sleep(self.INTERVAL)
+            finally:
+                await conn.close()
+
+        asyncio.run(sample())
+
+    def summary(self) -> str:
+        total = sum(self.counts.values())
+        if not total:
+            return "no backend seen in append_changes"
+        shares = ", ".join(f"{w} {n / total:.0%}" for w, n in self.counts.most_common(6))
+        return f"{total / max(self.samples, 1):.1f} backends in append_changes on average: {shares}"
+
+
 class Run:
     def __init__(self, args: argparse.Namespace, workdir: Path) -> None:
         self.args = args
@@ -102,6 +163,8 @@ class Run:
         # Batches committed per second during each setup's create rows (warm-up included):
         # each is a notification to every process, which reads the log after it.
         self.batch_rates: dict[str, float] = {}
+        self.waits: dict[str, str] = {}  # --waits: per setup, what the appending backends wait on
+        self.waits_at: tuple[str, str] = ("", "")  # the server's DSN, the database's name
 
     def log(self, message: str) -> None:
         be.log(message)
@@ -171,7 +234,12 @@ class Run:
         load = be.Load([s.port for s in servers], n, conns, self.wrk_core(n))
         get = bench.measure(setup, "get_entry", servers, load, path=f"/v1/entries/{did}")
         batches, began = committed_batches(servers), time.monotonic()
-        create = bench.measure_create(setup, servers, load, token, ceiling)
+        with contextlib.ExitStack() as stack:
+            if self.args.waits:
+                sampler = stack.enter_context(WaitSampler(*self.waits_at))
+            create = bench.measure_create(setup, servers, load, token, ceiling)
+        if self.args.waits:
+            self.waits[setup] = sampler.summary()
         self.batch_rates[setup] = (committed_batches(servers) - batches) / (
             time.monotonic() - began
         )
@@ -182,6 +250,7 @@ class Run:
         db = f"registry_scale_{secrets.token_hex(4)}"
         be.db_admin(args.postgres, f'CREATE DATABASE "{db}"')
         bench.db = db
+        self.waits_at = (f"{args.postgres}/postgres", db)
         try:
             for n in self.procs:
                 setup = f"{n} proc" + ("s" if n > 1 else "")
@@ -231,6 +300,7 @@ class Run:
             db = f"scale_{secrets.token_hex(4)}"
             be.db_admin_url(url, f'CREATE DATABASE "{db}"')
             on = url.replace("/registry?", f"/{db}?")
+            self.waits_at = (on, db)
             reads = read_url.replace("/registry?", f"/{db}?") if replica else ""
             with self.processes("registry", n, self.registry(on, reads)) as servers:
                 for m in self.measure_rows(setup, n, servers, ceiling.result.rps):
@@ -290,6 +360,8 @@ def report(run: Run) -> bool:
     )
     rates = ", ".join(f"{setup}: {rate:,.0f}/s" for setup, rate in run.batch_rates.items())
     print(f"batches committed during the create rows (each notifies every process): {rates}")
+    for setup, waits in run.waits.items():
+        print(f"waits during the create rows, {setup}: {waits}")
     if not clean:
         print("\nTHIS RUN HAD ERRORS: the figures of the rows marked above are not valid.")
     print("=" * width)
@@ -312,6 +384,11 @@ def main() -> int:
         help="PostgreSQL server URL without a database (a fresh database is created and dropped)",
     )
     parser.add_argument("--no-replica", action="store_true", help="skip the replica rows")
+    parser.add_argument(
+        "--waits",
+        action="store_true",
+        help="sample what the backends in append_changes wait on during the create rows",
+    )
     parser.add_argument("--sign-workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--keep-db", action="store_true")
     parser.add_argument("--keep-workdir", action="store_true")
