@@ -100,6 +100,19 @@ def change_of(i: int, tag: str, minimal: bool) -> tuple[Change, IdemKey | None]:
     return change, IdemKey("did:key:zBench", "create_entry", key, secrets.token_bytes(32))
 
 
+def update_of(i: int, tag: str, head: int) -> tuple[Change, IdemKey | None]:
+    """A new version of `change_of(i, tag)`'s entry (another name and description), written
+    over its head `head`: what `PUT /v1/entries/<did>` appends."""
+    did = f"did:web:bench.example:{tag}:{i}"
+    doc = entry_for(did)
+    doc["name"] = f"{doc['name']} v2"
+    doc["description"] = f"{doc['description']} (updated)"
+    entry = check_entry(sign_entry(doc, KEY, created=AT))
+    change = version_change("entry.updated", entry, expected_head=head, at=AT, anchoring=True)
+    key = f"bench-{tag}-{i}-v2"
+    return change, IdemKey("did:key:zBench", "update_entry", key, secrets.token_bytes(32))
+
+
 def payloads_of(changes: list[tuple[Change, IdemKey | None]], batch: int) -> list[str]:
     """The changes, `batch` to a call (the writer's group commit under load)."""
     return [append_payload(changes[k : k + batch]) for k in range(0, len(changes), batch)]
@@ -115,6 +128,7 @@ async def run(
     batch: int,
     sql: list[str],
     statements: int = 0,
+    updates: bool = False,
 ) -> tuple[float, float]:
     name = f"registry_bench_append_{secrets.token_hex(4)}"
     admin = await asyncpg.connect(server + "/postgres")
@@ -139,9 +153,20 @@ async def run(
                 [(c, None if k is None else replace(k, key=k.key + "-again")) for c, k in warmup],
                 1,
             )
-            payloads = payloads_of(
-                [change_of(i, tag, minimal) for i in range(WARMUP, appends)], batch
-            )
+            measured = [change_of(i, tag, minimal) for i in range(WARMUP, appends)]
+            if updates:
+                # The entries first (not measured), then a new version of each.
+                for p in payloads_of(measured, 64):
+                    await conns[0].fetch(SQL, p, IDEMPOTENCY_WINDOW_MS)
+                heads = {
+                    r["entry_did"]: r["head_seq"]
+                    for r in await conns[0].fetch("SELECT entry_did, head_seq FROM entries")
+                }
+                measured = [
+                    update_of(i, tag, heads[f"did:web:bench.example:{tag}:{i}"])
+                    for i in range(WARMUP, appends)
+                ]
+            payloads = payloads_of(measured, batch)
             for p in warm:
                 await conns[0].fetch(SQL, p, IDEMPOTENCY_WINDOW_MS)
             # Statistics as a running registry has them (autovacuum's ANALYZE), and sessions
@@ -200,6 +225,11 @@ def main() -> None:
         "--set", action="append", default=[], metavar="NAME=VALUE", help="a session setting"
     )
     parser.add_argument(
+        "--updates",
+        action="store_true",
+        help="measure a new version of each entry (created first, not measured) instead",
+    )
+    parser.add_argument(
         "--statements",
         type=int,
         default=0,
@@ -223,6 +253,7 @@ def main() -> None:
                 args.batch,
                 args.sql,
                 args.statements,
+                args.updates,
             )
         )
         print(
