@@ -18,7 +18,10 @@
 -- of the batch is parsed (an argument), each entry version is staged (stage_entry_version:
 -- its document's halves and searchable projection, the full-text vector included), and each
 -- create's searchable row is inserted (insert_entry_search: entry_search and its indexes).
--- One NOTIFY per batch wakes the log readers of every process; the log itself is the truth.
+-- A batch of entry versions of which, under the lock, none would be refused or replayed is
+-- applied in one statement instead of change by change (apply_entry_versions_in_bulk: the same
+-- rows and outcomes). One NOTIFY per batch wakes the log readers of every process; the log
+-- itself is the truth.
 --
 -- A handler is `FUNCTION apply_x(p_seq bigint, p_subject text, p_rows jsonb)
 -- RETURNS TABLE (result text, refusal jsonb)`. It must write nothing when it refuses; p_seq is
@@ -47,7 +50,8 @@ DECLARE
     v_staged  entry_staged[] := '{}';
     s         entry_staged;
     j         integer;
-    v_bulk    boolean := true;
+    -- One change is cheaper on its own (bench/append_cpu.py --batch 1).
+    v_bulk    boolean := jsonb_array_length(p_changes) > 1;
 BEGIN
     -- Outside the critical section: what each change derives without its position.
     FOR c IN SELECT value FROM jsonb_array_elements(p_changes) LOOP
@@ -55,8 +59,8 @@ BEGIN
         IF c ->> 'handler' = 'apply_entry_version' THEN
             v_staged[i] := stage_entry_version(c -> 'rows');
         END IF;
-        IF c ->> 'handler' <> 'apply_entry_version' OR c #>> '{rows,expectedHead}' IS NOT NULL
-           OR c #>> '{rows,lifecycle}' = 'deleted' OR c ? 'also' THEN
+        IF c ->> 'handler' <> 'apply_entry_version' OR c ? 'also'
+           OR (c #>> '{rows,expectedHead}' IS NULL AND c #>> '{rows,lifecycle}' = 'deleted') THEN
             v_bulk := false;
         END IF;
     END LOOP;
@@ -73,15 +77,16 @@ BEGIN
                                           p_changes -> (j - 1) -> 'rows', s);
         v_staged[j] := s;
     END LOOP;
-    -- A batch of creates only, of distinct DIDs and keys, each with its searchable row: it may
-    -- be applied in bulk (apply_entry_creates) if, under the lock, none would be refused or
-    -- replayed.
+    -- A batch of entry versions only, of distinct DIDs and keys, each create with its
+    -- searchable row: it may be applied in bulk (apply_entry_versions_in_bulk) if, under the
+    -- lock, none would be refused or replayed.
     IF v_bulk THEN
         SELECT count(DISTINCT t.c ->> 'subject') = count(*)
                AND count(DISTINCT CASE WHEN t.c ? 'idem' THEN ARRAY[t.c #>> '{idem,scope}',
                          t.c #>> '{idem,operation}', t.c #>> '{idem,key}'] END)
                    = count(*) FILTER (WHERE t.c ? 'idem')
-               AND bool_and(coalesce((v_staged[t.n]).inserted, false))
+               AND bool_and(t.c #>> '{rows,expectedHead}' IS NOT NULL
+                            OR coalesce((v_staged[t.n]).inserted, false))
           INTO v_bulk
           FROM jsonb_array_elements(p_changes) WITH ORDINALITY AS t(c, n);
     END IF;
@@ -99,15 +104,20 @@ BEGIN
                     AND x.operation = t.c #>> '{idem,operation}' AND x.key = t.c #>> '{idem,key}'
                     AND x.created_at > now() - p_window_ms * interval '1 millisecond' LIMIT 1)
                 UNION ALL
-                (SELECT 1 FROM entries e WHERE e.entry_did = t.c ->> 'subject' LIMIT 1)
+                -- a create's DID is taken; another version's entry moved on or is gone
+                SELECT 1 WHERE (SELECT e.head_seq FROM entries e
+                                 WHERE e.entry_did = t.c ->> 'subject')
+                               IS DISTINCT FROM (t.c #>> '{rows,expectedHead}')::bigint
                 UNION ALL
-                (SELECT 1 FROM replica_versions rv WHERE rv.entry_did = t.c ->> 'subject' LIMIT 1)
-          ) AS taken
+                (SELECT 1 FROM replica_versions rv
+                  WHERE rv.entry_did = t.c ->> 'subject' AND t.c #>> '{rows,expectedHead}' IS NULL
+                  LIMIT 1)
+          ) AS refused
          LIMIT 1;
         v_bulk := NOT FOUND;
     END IF;
     IF v_bulk THEN
-        RETURN QUERY SELECT * FROM apply_entry_creates(v_head, p_changes, v_staged);
+        RETURN QUERY SELECT * FROM apply_entry_versions_in_bulk(v_head, p_changes, v_staged);
         v_head := v_head + jsonb_array_length(p_changes);
     END IF;
     -- Otherwise change by change, in the batch's order.
