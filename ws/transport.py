@@ -541,6 +541,8 @@ def hook_unfit(version: str | None = None, server: Any = None) -> str | None:
         return f"hypercorn's TCPServer takes ({taken}), not (app, config, context, state, stream)"
     if not inspect.iscoroutinefunction(getattr(server, "run", None)):
         return "hypercorn's TCPServer has no coroutine run()"
+    if not inspect.iscoroutinefunction(getattr(server, "_initiate_server_close", None)):
+        return "hypercorn's TCPServer has no coroutine _initiate_server_close()"
     return None
 
 
@@ -571,6 +573,44 @@ def refuse_websocket_extensions() -> None:
         raise RuntimeError("Hypercorn's WebSocket handshake would still agree to an extension")
 
 
+class IdleAtShutdown:
+    """Closes a connection at shutdown once it is idle, for a connection whose `FrameStream`
+    enforces the keep-alive timeout. Hypercorn's own idle task (started when a connection falls
+    idle, cancelled when a request comes) waits for the shutdown too, but in Hypercorn 0.18 an
+    idle keep-alive connection stayed open through the shutdown until the graceful timeout
+    (`tests/hostile/test_connections.py`). Hypercorn's `restart` and `stop` of that task still
+    run (`follow`): replacing the task by a flag made a GET cost ~20 % more CPU under
+    bench/entries.py's load (fewer task switches, worse batching of the connections' work)."""
+
+    def __init__(self) -> None:
+        self.idle = False
+        self._became_idle = trio.Event()
+
+    def follow(self, task: Any) -> None:
+        """Wrap Hypercorn's idle task `task` so that its restarts and stops are seen here."""
+        restart, stop = task.restart, task.stop
+
+        async def restarted(task_group: Any, action: Any) -> None:
+            self.idle = True
+            self._became_idle.set()
+            await restart(task_group, action)
+
+        async def stopped() -> None:
+            self.idle = False
+            if self._became_idle.is_set():
+                self._became_idle = trio.Event()
+            await stop()
+
+        task.restart, task.stop = restarted, stopped
+
+    async def close_idle_at_shutdown(self, server: Any) -> None:
+        await server.context.terminated.wait()
+        while not self.idle:
+            await self._became_idle.wait()
+        with trio.CancelScope(shield=True):
+            await server._initiate_server_close()
+
+
 def install_in_hypercorn() -> bool:
     """Wrap every plain TCP connection of Hypercorn's trio worker in a `FrameStream` (once);
     False, changing nothing, when this Hypercorn does not fit the hook (`hook_unfit`).
@@ -589,7 +629,7 @@ def install_in_hypercorn() -> bool:
     from hypercorn.config import Config
     from hypercorn.trio import run as worker
     from hypercorn.trio.tcp_server import TCPServer
-    from hypercorn.trio.worker_context import WorkerContext
+    from hypercorn.trio.worker_context import TrioSingleTask, WorkerContext
     from hypercorn.typing import AppWrapper, LifespanState
 
     if getattr(worker.TCPServer, "registry_frame_stream", False):  # type: ignore[attr-defined]
@@ -611,6 +651,14 @@ def install_in_hypercorn() -> bool:
             if isinstance(stream, trio.SocketStream) and not self.plain:
                 stream = FrameStream(stream, self.guard.limits if self.guard else None)
             super().__init__(app, config, context, state, stream)
+            self.idle_at_shutdown: IdleAtShutdown | None = None
+            if (
+                isinstance(stream, FrameStream)
+                and stream.limits is not None
+                and isinstance(getattr(self, "idle_task", None), TrioSingleTask)
+            ):
+                self.idle_at_shutdown = IdleAtShutdown()
+                self.idle_at_shutdown.follow(self.idle_task)
 
         async def run(self) -> None:
             if self.plain:
@@ -651,7 +699,14 @@ def install_in_hypercorn() -> bool:
                 with trio.CancelScope() as serving:
                     if frames is not None:
                         frames.serving = serving
-                    await super().run()
+                    idle = self.idle_at_shutdown
+                    if idle is None:
+                        await super().run()
+                    else:
+                        async with trio.open_nursery() as nursery:
+                            nursery.start_soon(idle.close_idle_at_shutdown, self)
+                            await super().run()
+                            nursery.cancel_scope.cancel()
             except Exception as exc:
                 failures = self.guard.connection_failed(exc) if self.guard else 1
                 if failures == 1 or failures % 1000 == 0:  # news, then rarely

@@ -5,11 +5,14 @@ another client address gets its health answer."""
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import time
 from contextlib import ExitStack
+from pathlib import Path
 
-from tests.db.proc import Server
+from tests.db.proc import Server, run_server
+from tests.hostile.conftest import SETTINGS
 from tests.hostile.raw import (
     PER_CLIENT,
     connect,
@@ -196,3 +199,45 @@ def test_an_idle_keep_alive_connection_lasts_the_keep_alive_timeout(server: Serv
     sock.close()
     assert closed
     assert 3 < time.monotonic() - started < 10
+
+
+def test_shutdown_closes_idle_connections_at_once_and_a_busy_one_after_its_answer(
+    database_url: str, tmp_path: Path
+) -> None:
+    """SIGTERM: an idle keep-alive connection is closed at once, not after the keep-alive
+    timeout (60 s here) or the graceful timeout (30 s here); one whose request is still
+    arriving gets its answer, then is closed; the process exits soon after."""
+    settings = {
+        **SETTINGS,
+        "REGISTRY_SERVER__KEEP_ALIVE_TIMEOUT_SECONDS": "60",
+        "REGISTRY_SERVER__READ_TIMEOUT_SECONDS": "30",
+        "REGISTRY_SERVER__REQUEST_TIMEOUT_SECONDS": "60",
+        "REGISTRY_SERVER__GRACEFUL_TIMEOUT_SECONDS": "30",
+    }
+    with run_server(tmp_path, database_url=database_url, extra_env=settings) as server:
+        idle = connect(server.url)
+        idle.sendall(b"GET /v1/health HTTP/1.1\r\nHost: r\r\n\r\n")
+        data, _ = read_until_closed(idle, limit=1)
+        assert data.startswith(b"HTTP/1.1 200 ")
+        body = b'{"limit": 1}'
+        busy = connect(server.url)
+        busy.sendall(
+            b"POST /v1/discover HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body[:5])
+        )
+        read_until_closed(busy, limit=0.5)  # the head is in
+        started = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        _, closed = read_until_closed(idle, limit=10)
+        assert closed, "an idle connection was kept open through the shutdown"
+        assert time.monotonic() - started < 10
+        _, closed = read_until_closed(busy, limit=1)
+        assert not closed, "a connection with a request under way was closed before its answer"
+        busy.sendall(body[5:])
+        data, closed = read_until_closed(busy, limit=10)
+        assert data.startswith(b"HTTP/1.1 200 "), data
+        assert closed
+        assert server.proc.wait(timeout=20) == 0
+        assert time.monotonic() - started < 20
+        idle.close()
+        busy.close()
