@@ -109,6 +109,7 @@ class WaitSampler:
         self.dsn, self.db = dsn, db
         self.counts: Counter[str] = Counter()
         self.samples = 0
+        self.error: str | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -141,9 +142,14 @@ class WaitSampler:
             finally:
                 await conn.close()
 
-        asyncio.run(sample())
+        try:
+            asyncio.run(sample())
+        except Exception as exc:  # said in the summary: the row itself stands
+            self.error = f"{type(exc).__name__}: {exc}"
 
     def summary(self) -> str:
+        if self.error is not None:
+            return f"the sampler failed ({self.error}) after {self.samples} samples"
         total = sum(self.counts.values())
         if not total:
             return "no backend seen in append_changes"

@@ -18,9 +18,9 @@
 -- of the batch is parsed (an argument), each entry version is staged (stage_entry_version:
 -- its document's halves and searchable projection, the full-text vector included), and each
 -- create's searchable row is inserted (insert_entry_search: entry_search and its indexes).
--- A batch of entry versions of which, under the lock, none would be refused or replayed is
--- applied in one statement instead of change by change (apply_entry_versions_in_bulk: the same
--- rows and outcomes). One NOTIFY per batch wakes the log readers of every process; the log
+-- A batch of two or more entry versions of which, under the lock, none would be refused or
+-- replayed is applied a table at a time instead of change by change
+-- (apply_entry_versions_in_bulk: the same rows and outcomes). One NOTIFY per batch wakes the log readers of every process; the log
 -- itself is the truth.
 --
 -- A handler is `FUNCTION apply_x(p_seq bigint, p_subject text, p_rows jsonb)
