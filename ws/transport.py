@@ -283,6 +283,11 @@ class FrameStream(trio.abc.HalfCloseableStream):
     def socket(self) -> trio.socket.SocketType:
         return self._inner.socket
 
+    @property
+    def request_under_way(self) -> bool:
+        """A byte of a request has come and its final answer has not gone out."""
+        return self._request_since is not None and not self.websocket
+
     def offer(self, data: bytes) -> bool:
         """Send `data` after everything sent or offered before it, without waiting. Returns
         whether all of it is with the kernel; what is not stays pending until `flush`.
@@ -575,38 +580,42 @@ def refuse_websocket_extensions() -> None:
 
 class IdleAtShutdown:
     """Closes a connection at shutdown once it is idle, for a connection whose `FrameStream`
-    enforces the keep-alive timeout. Hypercorn's own idle task (started when a connection falls
-    idle, cancelled when a request comes) waits for the shutdown too, but in Hypercorn 0.18 an
-    idle keep-alive connection stayed open through the shutdown until the graceful timeout
+    enforces the keep-alive timeout. Idle: Hypercorn has answered its last request (its idle
+    task's `restart`) and no byte of another has come (`FrameStream.request_under_way`), so a
+    request that has begun to arrive, its head whole or not, is answered before the connection
+    is closed. Hypercorn's own idle task waits for the shutdown too, but in Hypercorn 0.18 it is
+    cancelled with the app's task right after each answer, so an idle keep-alive connection
+    stayed open through the shutdown until the graceful timeout
     (`tests/hostile/test_connections.py`). Hypercorn's `restart` and `stop` of that task still
     run (`follow`): replacing the task by a flag made a GET cost ~20 % more CPU under
-    bench/entries.py's load (fewer task switches, worse batching of the connections' work)."""
+    bench/entries.py's load, so it stays."""
 
-    def __init__(self) -> None:
+    def __init__(self, stream: FrameStream) -> None:
+        self._stream = stream
         self.idle = False
-        self._became_idle = trio.Event()
+        self._next_answer = trio.Event()  # set by the next restart (an answer is out)
 
     def follow(self, task: Any) -> None:
-        """Wrap Hypercorn's idle task `task` so that its restarts and stops are seen here."""
+        """Wrap Hypercorn's idle task `task` so that its restarts and stops are seen here (the
+        flags are set before Hypercorn's own, which may be cancelled)."""
         restart, stop = task.restart, task.stop
 
         async def restarted(task_group: Any, action: Any) -> None:
             self.idle = True
-            self._became_idle.set()
+            answered, self._next_answer = self._next_answer, trio.Event()
+            answered.set()
             await restart(task_group, action)
 
         async def stopped() -> None:
             self.idle = False
-            if self._became_idle.is_set():
-                self._became_idle = trio.Event()
             await stop()
 
         task.restart, task.stop = restarted, stopped
 
     async def close_idle_at_shutdown(self, server: Any) -> None:
         await server.context.terminated.wait()
-        while not self.idle:
-            await self._became_idle.wait()
+        while not self.idle or self._stream.request_under_way:
+            await self._next_answer.wait()
         with trio.CancelScope(shield=True):
             await server._initiate_server_close()
 
@@ -657,7 +666,7 @@ def install_in_hypercorn() -> bool:
                 and stream.limits is not None
                 and isinstance(getattr(self, "idle_task", None), TrioSingleTask)
             ):
-                self.idle_at_shutdown = IdleAtShutdown()
+                self.idle_at_shutdown = IdleAtShutdown(stream)
                 self.idle_at_shutdown.follow(self.idle_task)
 
         async def run(self) -> None:

@@ -206,7 +206,8 @@ def test_shutdown_closes_idle_connections_at_once_and_a_busy_one_after_its_answe
 ) -> None:
     """SIGTERM: an idle keep-alive connection is closed at once, not after the keep-alive
     timeout (60 s here) or the graceful timeout (30 s here); one whose request is still
-    arriving gets its answer, then is closed; the process exits soon after."""
+    arriving (its body, or the head of its second request) gets its answer, then is closed; the
+    process exits soon after."""
     settings = {
         **SETTINGS,
         "REGISTRY_SERVER__KEEP_ALIVE_TIMEOUT_SECONDS": "60",
@@ -225,7 +226,12 @@ def test_shutdown_closes_idle_connections_at_once_and_a_busy_one_after_its_answe
             b"POST /v1/discover HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\n"
             b"Content-Length: %d\r\n\r\n%s" % (len(body), body[:5])
         )
-        read_until_closed(busy, limit=0.5)  # the head is in
+        second = connect(server.url)
+        second.sendall(b"GET /v1/health HTTP/1.1\r\nHost: r\r\n\r\n")
+        data, _ = read_until_closed(second, limit=1)
+        assert data.startswith(b"HTTP/1.1 200 ")
+        second.sendall(b"GET /v1/health HTTP/1.1\r\nHo")  # the next request's first bytes
+        read_until_closed(busy, limit=0.5)  # the heads are in
         started = time.monotonic()
         server.proc.send_signal(signal.SIGTERM)
         _, closed = read_until_closed(idle, limit=10)
@@ -237,7 +243,12 @@ def test_shutdown_closes_idle_connections_at_once_and_a_busy_one_after_its_answe
         data, closed = read_until_closed(busy, limit=10)
         assert data.startswith(b"HTTP/1.1 200 "), data
         assert closed
+        second.sendall(b"st: r\r\n\r\n")
+        data, closed = read_until_closed(second, limit=10)
+        assert data.startswith(b"HTTP/1.1 200 "), data
+        assert closed
         assert server.proc.wait(timeout=20) == 0
         assert time.monotonic() - started < 20
         idle.close()
         busy.close()
+        second.close()
