@@ -78,8 +78,12 @@ async def print_statements(conn: asyncpg.Connection, top: int, changes: int) -> 
         print(f"  {us:8.1f} us {r['calls']:7d} calls {r['plans']:5d} plans  {query}")
 
 
+def did_of(i: int, tag: str) -> str:
+    return f"did:web:bench.example:{tag}:{i}"
+
+
 def change_of(i: int, tag: str, minimal: bool) -> tuple[Change, IdemKey | None]:
-    did = f"did:web:bench.example:{tag}:{i}"
+    did = did_of(i, tag)
     if minimal:
         minimal_change = entry_change(
             "entry.created",
@@ -103,7 +107,7 @@ def change_of(i: int, tag: str, minimal: bool) -> tuple[Change, IdemKey | None]:
 def update_of(i: int, tag: str, head: int) -> tuple[Change, IdemKey | None]:
     """A new version of `change_of(i, tag)`'s entry (another name and description), written
     over its head `head`: what `PUT /v1/entries/<did>` appends."""
-    did = f"did:web:bench.example:{tag}:{i}"
+    did = did_of(i, tag)
     doc = entry_for(did)
     doc["name"] = f"{doc['name']} v2"
     doc["description"] = f"{doc['description']} (updated)"
@@ -163,8 +167,7 @@ async def run(
                     for r in await conns[0].fetch("SELECT entry_did, head_seq FROM entries")
                 }
                 measured = [
-                    update_of(i, tag, heads[f"did:web:bench.example:{tag}:{i}"])
-                    for i in range(WARMUP, appends)
+                    update_of(i, tag, heads[did_of(i, tag)]) for i in range(WARMUP, appends)
                 ]
             payloads = payloads_of(measured, batch)
             for p in warm:

@@ -34,6 +34,7 @@ Exit status 0 when every row was clean, 1 otherwise, 2 when wrk is missing.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import math
@@ -42,8 +43,10 @@ import secrets
 import shutil
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -103,9 +106,6 @@ class WaitSampler:
     INTERVAL = 0.02
 
     def __init__(self, dsn: str, db: str) -> None:
-        import threading
-        from collections import Counter
-
         self.dsn, self.db = dsn, db
         self.counts: Counter[str] = Counter()
         self.samples = 0
@@ -122,9 +122,7 @@ class WaitSampler:
         self._thread.join(timeout=10)
 
     def _run(self) -> None:
-        import asyncio
-
-        import asyncpg
+        import asyncpg  # as bench/entries.py does: only where a database is used
 
         async def sample() -> None:
             conn = await asyncpg.connect(self.dsn, timeout=10)

@@ -59,10 +59,6 @@ BEGIN
         IF c ->> 'handler' = 'apply_entry_version' THEN
             v_staged[i] := stage_entry_version(c -> 'rows');
         END IF;
-        IF c ->> 'handler' <> 'apply_entry_version' OR c ? 'also'
-           OR (c #>> '{rows,expectedHead}' IS NULL AND c #>> '{rows,lifecycle}' = 'deleted') THEN
-            v_bulk := false;
-        END IF;
     END LOOP;
     -- Each create's searchable row (entry_search and its fourteen indexes), in DID order: two
     -- batches creating the same DIDs wait for one another in one order, never in a cycle, and
@@ -77,16 +73,19 @@ BEGIN
                                           p_changes -> (j - 1) -> 'rows', s);
         v_staged[j] := s;
     END LOOP;
-    -- A batch of entry versions only, of distinct DIDs and keys, each create with its
-    -- searchable row: it may be applied in bulk (apply_entry_versions_in_bulk) if, under the
-    -- lock, none would be refused or replayed.
+    -- A batch of entry versions only (no `also`), of distinct DIDs and keys, each create with
+    -- the searchable row it staged (never a tombstone's: none is inserted for one): it may be
+    -- applied in bulk (apply_entry_versions_in_bulk) if, under the lock, none would be refused
+    -- or replayed.
     IF v_bulk THEN
         SELECT count(DISTINCT t.c ->> 'subject') = count(*)
                AND count(DISTINCT CASE WHEN t.c ? 'idem' THEN ARRAY[t.c #>> '{idem,scope}',
                          t.c #>> '{idem,operation}', t.c #>> '{idem,key}'] END)
                    = count(*) FILTER (WHERE t.c ? 'idem')
-               AND bool_and(t.c #>> '{rows,expectedHead}' IS NOT NULL
-                            OR coalesce((v_staged[t.n]).inserted, false))
+               AND bool_and(coalesce(t.c ->> 'handler' = 'apply_entry_version'
+                                     AND NOT t.c ? 'also'
+                                     AND (t.c #>> '{rows,expectedHead}' IS NOT NULL
+                                          OR (v_staged[t.n]).inserted), false))
           INTO v_bulk
           FROM jsonb_array_elements(p_changes) WITH ORDINALITY AS t(c, n);
     END IF;

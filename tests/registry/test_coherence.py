@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import tracemalloc
+
 import pytest
 
 from registry.caches import Served
+from registry.canonical import canonicalize
 from registry.changes import CHANGE_KINDS, LogRecord
 from registry.coherence import Caches
 from registry.store import SessionRecord
@@ -57,12 +60,6 @@ def test_a_local_write_drops_its_entry_and_nothing_is_cached_while_not_live() ->
 def test_a_cached_entry_weighs_what_it_holds_its_served_text_included() -> None:
     """`limits.cache_mib` bounds what the entry cache holds: an entry that shows attestations
     keeps the text served with them too (`Served.at`), about as much again."""
-    import tracemalloc
-
-    from registry.caches import Served
-    from registry.canonical import canonicalize
-    from registry.coherence import Caches
-
     caches = Caches(max_bytes=64 << 20)
     caches.set_live(True)
     tracemalloc.start()
