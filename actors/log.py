@@ -285,6 +285,12 @@ class LogHandle:
         finally:
             subscription.close()
 
+    @property
+    def connected(self) -> bool:
+        """Whether the actor is reading the log now (an attach is answered without waiting
+        for the database to come back)."""
+        return self._stats.connected
+
     async def head(self) -> int:
         """The log's current last sequence (read from the store)."""
         return await self.store.log_head()

@@ -379,9 +379,20 @@ class Connection:
         return TextWriter(self, self.deps.logs.queue_size)
 
     async def _replay(self, sink: EventSink) -> None:
-        """Read the log after the position page by page, sending each (flow-controlled: the
-        next page is read once this one is with the kernel), until the actor takes the sink."""
+        """Make the sink live. Where the log actor still holds every record after the position
+        (its ring, within the sink's capacity: a subscription from the head, or a resume just
+        behind it) it takes the sink at once and delivers them itself: no read of the store.
+        Otherwise read the log after the position page by page, sending each (flow-controlled:
+        the next page is read once this one is with the kernel), until the actor takes it.
+
+        Attaching first keeps a burst of subscriptions off the store: read first, a thousand
+        sockets subscribing at once each read the log through `replay_concurrency` slots, and
+        those still waiting when writes resume read every record on their own, rendering it
+        once per socket, instead of once per batch for all (bench/README.md, events.py)."""
         logs = self.deps.logs
+        assert self.position is not None
+        if logs.connected and await logs.attach(self.position, sink):
+            return
         while True:
             assert self.position is not None
             assert self.deps.replaying is not None

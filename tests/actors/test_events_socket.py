@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -18,7 +18,7 @@ import trio
 import trio.testing
 
 from actors.log import LogHandle, run_log
-from registry.changes import Change
+from registry.changes import Change, LogRecord
 from registry.config import EventsConfig
 from registry.errors import Unauthorized
 from registry.store import SessionRecord
@@ -402,18 +402,49 @@ async def test_a_client_that_takes_no_data_is_dropped_without_a_close_frame(
 async def test_a_log_that_cannot_be_read_closes_with_1011_and_the_resume_point(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async with open_events() as events:
+    async with open_events(queue_size=2) as events:  # three records behind: from the store
         await fill(events.store, 3)
         client = events.connect()
         await trio.testing.wait_all_tasks_blocked()  # the log actor has read: it waits
         events.store.fail_reads = True  # for an instant, or the log actor would fail too
-        await client.subscribe(fromSequence=1)
+        await client.subscribe(fromSequence=0)
         await trio.testing.wait_all_tasks_blocked()
         events.store.fail_reads = False
         assert client.ended_at == trio.current_time()
     assert client.sock.close_frame is not None
     assert client.sock.close_frame[0] == 1011
-    assert reason(client) == {"code": "unavailable", "lastSequence": 1}
+    assert reason(client) == {"code": "unavailable", "lastSequence": 0}
+
+
+async def test_a_subscription_the_log_actor_can_serve_reads_no_page_of_the_store(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """From the head, or resuming within the actor's recent records and the queue's bound, the
+    actor takes the subscription at once; only one further behind reads the log's pages (a
+    burst of subscriptions would otherwise queue on the store's replay slots)."""
+    async with open_events(queue_size=2) as events:
+        await fill(events.store, 3)
+        await trio.testing.wait_all_tasks_blocked()  # the log actor has read the three
+        pages: list[int] = []
+        read = events.logs.read
+
+        async def counted(after: int) -> Sequence[LogRecord]:
+            pages.append(after)
+            return await read(after)
+
+        events.logs.read = counted  # type: ignore[method-assign]
+        at_head, behind, far = events.connect(), events.connect(), events.connect()
+        assert await at_head.subscribe() == 3
+        assert await behind.subscribe(fromSequence=1) == 1
+        assert await behind.events(2) == [2, 3]
+        assert pages == []
+        assert await far.subscribe(fromSequence=0) == 0  # three behind, the queue holds two
+        assert await far.events(3) == [1, 2, 3]
+        assert pages == [0]
+        await fill(events.store, 2)
+        for client in (at_head, behind, far):
+            assert await client.events(2) == [4, 5]
+        assert pages == [0]
 
 
 async def test_a_stopping_server_closes_with_1001_and_the_resume_point(
