@@ -392,6 +392,7 @@ class Connection:
         logs = self.deps.logs
         assert self.position is not None
         if logs.connected and await logs.attach(self.position, sink):
+            self._log_recovery()  # the actor reads the log again: so may we
             return
         while True:
             assert self.position is not None
@@ -402,9 +403,7 @@ class Connection:
                     records = await logs.read(self.position)
             if self.deps.limiter is not None:
                 self.deps.limiter.charge(DB_TIME_CLASS, self.client, meter.seconds * 1000)
-            line = self.deps.outage.succeeded(trio.current_time())
-            if line is not None:
-                log.info(line)
+            self._log_recovery()
             if records:
                 sink.replay(Batch(records, trio.current_time()))
                 await self._flush(sink.writer)
@@ -412,6 +411,11 @@ class Connection:
                     return
             if len(records) < PAGE and await logs.attach(self.position, sink):
                 return
+
+    def _log_recovery(self) -> None:
+        line = self.deps.outage.succeeded(trio.current_time())
+        if line is not None:
+            log.info(line)
 
     async def _wait_while_in_debt(self) -> None:
         """A replay's pages are paid from its client address's database time, as its queries

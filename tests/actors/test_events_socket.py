@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -414,6 +415,29 @@ async def test_a_log_that_cannot_be_read_closes_with_1011_and_the_resume_point(
     assert client.sock.close_frame is not None
     assert client.sock.close_frame[0] == 1011
     assert reason(client) == {"code": "unavailable", "lastSequence": 0}
+
+
+async def test_the_recovery_is_logged_when_a_subscription_attaches_after_a_failure(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A failure to read the log is logged once; the recovery once too, even where the next
+    subscription is served by the log actor and reads nothing itself."""
+    caplog.set_level(logging.INFO, logger="ws.events")
+    async with open_events(queue_size=2) as events:
+        await fill(events.store, 3)
+        failed = events.connect()
+        await trio.testing.wait_all_tasks_blocked()  # the log actor has read: it waits
+        events.store.fail_reads = True
+        await failed.subscribe(fromSequence=0)  # three behind: a replay from the store
+        await trio.testing.wait_all_tasks_blocked()
+        events.store.fail_reads = False
+        resumed = events.connect()
+        assert await resumed.subscribe(fromSequence=2) == 2  # from the actor's recent records
+        assert await resumed.events(1) == [3]
+    assert [r.getMessage() for r in caplog.records if r.name == "ws.events"] == [
+        "event subscriptions: database_unavailable",
+        "event subscriptions: back after 0.0s of database_unavailable (1 failures)",
+    ]
 
 
 async def test_a_subscription_the_log_actor_can_serve_reads_no_page_of_the_store(

@@ -295,6 +295,17 @@ async def test_an_unknown_websocket_path_is_a_clean_404(
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
+async def until(condition: Callable[[], bool]) -> bool:
+    """Whether `condition` held within the deadline (checked every 10 ms: the state it reads
+    belongs to the service's actors, which signal nothing the test could wait on)."""
+    with trio.move_on_after(DEADLINE):
+        while True:
+            if condition():
+                return True
+            await trio.sleep(0.01)
+    return False
+
+
 async def test_subscriptions_that_end_on_a_quiet_log_leave_no_trace(
     database_url: str, tmp_path: Path
 ) -> None:
@@ -302,14 +313,6 @@ async def test_subscriptions_that_end_on_a_quiet_log_leave_no_trace(
     nothing written, no batch comes to drop the ended ones: re-subscribing and closing sockets
     must not pile them up."""
     config = make_config(database_url, tmp_path, events={"poll_seconds": 0.2})
-
-    async def until(condition: Callable[[], bool]) -> bool:
-        with trio.move_on_after(DEADLINE):
-            while True:
-                if condition():
-                    return True
-                await trio.sleep(0.01)
-        return False
 
     async def body(h: Harness) -> None:
         logs = h.service.logs
@@ -352,7 +355,9 @@ async def test_a_replay_waits_while_its_address_owes_database_time(
         token = await sign_in(h.client, key)
         before = await head(h)
         made = await create(h, key, token)
-        await create(h, key, token)
+        last = await create(h, key, token)
+        logs = h.service.logs  # it has read both: the subscription is not live at once
+        assert await until(lambda: logs.statistics().head >= last["sequence"])
         limiter = h.deps.limiter
         limiter.charge(DB_TIME_CLASS, address, 60_000 + 1_500)  # 1.5 s in debt
         with trio.fail_after(30):
