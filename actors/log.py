@@ -11,9 +11,11 @@ bounded queue; the WebSocket sink writes the frames to the socket without blocki
 subscriber cannot slow the others or the writers. Reads are at least `coalesce_seconds` apart:
 under a steady stream of commits each read, and so each sink call, carries several records.
 
-A subscription starts in *replay*: it reads the log itself (in its consumer's task) from its
-`after` position, page by page. When a page comes back short it asks the actor to attach its
-sink at its position. The actor handles the request between reads, so the hand-over is atomic:
+A queue `Subscription` starts in *replay*: it reads the log itself (in its consumer's task)
+from its `after` position, page by page. When a page comes back short it asks the actor to
+attach its sink at its position. (An event socket asks to be attached first, and replays only
+when the actor answers "behind": ws/events.py.) The actor handles each request between reads,
+so the hand-over is atomic:
 if the position is at or past `head`, the sink simply gets every record after its position from
 now on; if it is behind but the ring still holds the missing records (and they fit its
 `capacity`), the actor delivers them first; otherwise it answers "behind" and the subscription
@@ -22,8 +24,11 @@ replays on. Every sequence is delivered once, in order, with no gap at the hand-
 Failures. A sink that cannot keep up answers `slow` and is dropped (a queue subscription's
 consumer gets `Lagged` with the last sequence it received, to resume from). If the LISTEN
 connection is lost the actor tells every sink `disconnected` (they go back to replay and
-re-attach) and fails with `Unavailable`; its supervisor restarts it with backoff. Closing the
-handle's request channel stops it.
+re-attach), answers "behind" to every attach still waiting in its inbox (those replay too,
+rather than wait for the database), and fails with `Unavailable`; its supervisor restarts it
+with backoff. Wake-ups share the inbox with attaches: a burst of attaches that fills it does
+not lose one (a flag the actor checks after each message). Closing the handle's request channel
+stops it.
 """
 
 from __future__ import annotations
@@ -151,6 +156,7 @@ class LogStats:
     subscribers: int = 0
     attached: int = 0  # sinks made live, in all
     records_read: int = 0
+    reads: int = 0  # reads of the log that succeeded (the database answered)
     dropped_slow: int = 0
     connected: bool = False
 
@@ -291,6 +297,11 @@ class LogHandle:
         for the database to come back)."""
         return self._stats.connected
 
+    @property
+    def reads(self) -> int:
+        """How many of the actor's reads of the log have succeeded so far."""
+        return self._stats.reads
+
     async def head(self) -> int:
         """The log's current last sequence (read from the store)."""
         return await self.store.log_head()
@@ -362,6 +373,14 @@ class _Wake:
     """The log may have grown."""
 
 
+@dataclass
+class _Woken:
+    """Set when the log may have grown, whether or not a `_Wake` found room in the inbox (a
+    burst of attaches may fill it): the actor reads after the message it takes next."""
+
+    pending: bool = False
+
+
 async def _connected(
     store: LogStore,
     state: _State,
@@ -371,15 +390,19 @@ async def _connected(
     poll_seconds: float,
     coalesce_seconds: float,
 ) -> None:
+    woken = _Woken()
     try:
         async with store.listen_log() as wakeups, trio.open_nursery() as nursery:
             stats.connected = True
-            nursery.start_soon(_forward_wakeups, wakeups, wake, poll_seconds, coalesce_seconds)
+            nursery.start_soon(
+                _forward_wakeups, wakeups, wake, woken, poll_seconds, coalesce_seconds
+            )
             await _read(store, state, stats)  # changes may have committed while disconnected
             async for message in inbox:
                 if isinstance(message, _Attach):
                     _attach(state, stats, message)
-                else:
+                if woken.pending:  # a `_Wake`, or one that found the inbox full of attaches
+                    woken.pending = False
                     await _read(store, state, stats)
     finally:
         stats.connected = False
@@ -387,11 +410,26 @@ async def _connected(
             subscriber.sink.disconnected()
         state.subscribers.clear()
         stats.subscribers = 0
+        _refuse_waiting_attaches(inbox)
+
+
+def _refuse_waiting_attaches(inbox: trio.MemoryReceiveChannel[_Attach | _Wake]) -> None:
+    """Answer every attach that came while the actor was reading: False, so its subscriber
+    replays from the store (and fails cleanly while the database is down) instead of waiting
+    for a reconnection that may take the whole outage. Wakes go too: a reconnection reads."""
+    while True:
+        try:
+            message = inbox.receive_nowait()
+        except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+            return
+        if isinstance(message, _Attach):
+            _reply(message, False)
 
 
 async def _forward_wakeups(
     wakeups: LogWakeups,
     wake: trio.MemorySendChannel[_Attach | _Wake],
+    woken: _Woken,
     poll_seconds: float,
     coalesce_seconds: float,
 ) -> None:
@@ -400,7 +438,8 @@ async def _forward_wakeups(
     while True:
         with trio.move_on_after(poll_seconds):
             await wakeups.wait()
-        # A full inbox means the actor is busy; it reads again soon, and so does the poll.
+        woken.pending = True
+        # A full inbox means the actor is busy: it reads after the next message it takes.
         with contextlib.suppress(trio.WouldBlock):
             wake.send_nowait(_Wake())
         if coalesce_seconds > 0:
@@ -410,6 +449,7 @@ async def _forward_wakeups(
 async def _read(store: LogStore, state: _State, stats: LogStats) -> None:
     while True:
         records = await store.log_after(state.head, PAGE)
+        stats.reads += 1
         for record in records:
             assert record.seq == state.head + 1, f"log gap: {state.head} then {record.seq}"
             state.head = record.seq

@@ -1,16 +1,18 @@
 """The WebSocket event stream, `GET /v1/events` (design §10, docs/events.md).
 
-Theory of operation: each connection runs in its own nursery. One task reads the client's
-messages (subscribe, unsubscribe, auth, ping); at most one forwarder task at a time follows a
-log subscription. The forwarder replays the log from the store page by page; then it attaches
-the subscription's `EventSink` to the log actor, which from then on hands it every batch it
-reads, synchronously. The sink filters the batch and hands the admitted events to its writer
-without waiting: on a plain TCP connection the frames go to the socket in one non-blocking write
-(`FrameWriter`, ws/transport.py), otherwise into a bounded queue the forwarder sends from
-(`TextWriter`). The forwarder meanwhile flushes what the socket did not take at once and sends a
-heartbeat after `heartbeat_seconds` of quiet. The connection tracks `position`: every record up
-to it was either handed to the socket or filtered out, so it is the exact point to resume from,
-and it is what every close reports (a close frame always follows the events before it).
+Theory of operation: each connection runs in its own nursery. One task reads the client's messages
+(subscribe, unsubscribe, auth, ping); at most one forwarder task at a time follows a log
+subscription. The forwarder asks the log actor to attach the subscription's `EventSink` at its
+position (the actor takes it at once when its ring holds every record after it); where the actor
+answers "behind", it replays the log from the store page by page and asks again. Once attached, the
+actor hands the sink every batch it reads, synchronously. The sink filters the batch and hands the
+admitted events to its writer without waiting: on a plain TCP connection the frames go to the
+socket in one non-blocking write (`FrameWriter`, ws/transport.py), otherwise into a bounded queue
+the forwarder sends from (`TextWriter`). The forwarder meanwhile flushes what the socket did not
+take at once and sends a heartbeat after `heartbeat_seconds` of quiet. The connection tracks
+`position`: every record up to it was either handed to the socket or filtered out, so it is the
+exact point to resume from, and it is what every close reports (a close frame always follows the
+events before it).
 
 How it ends, always with a close code and a reason, never with a traceback:
 - a message that is not a JSON object of a known type, a binary frame, or an oversized one
@@ -89,6 +91,9 @@ class EventDeps:
     per_client: dict[str, int] = field(default_factory=dict)  # open sockets per address
     replaying: trio.CapacityLimiter | None = None  # replay pages read at once (the process)
     outage: ConditionLog = field(default_factory=lambda: ConditionLog("event subscriptions"))
+    # The log actor's successful reads when a subscription last failed to read the log: an
+    # attach is taken as the recovery only once the actor has read since.
+    reads_at_failure: int = 0
     # For /metrics: event messages handed to sockets, and sockets closed, by close code.
     messages_sent: int = 0
     closes: Counter[int] = field(default_factory=Counter)
@@ -341,7 +346,6 @@ class Connection:
         assert done is not None
         try:
             with scope:
-                self.position = after
                 await self._stream(admits, after, batch)
         finally:
             done.set()
@@ -350,7 +354,10 @@ class Connection:
         """Replay from the store, then live from the log actor, until the subscription ends."""
         sink = EventSink(self, admits, batch, self._writer())
         try:
+            # Whatever the previous subscription handed over goes out first, and moves the
+            # position as it does; this one starts after `after`.
             await self.send_json({"type": "subscribed", "fromSequence": after})
+            self.position = after
             while True:
                 await self._replay(sink)
                 ended = await self._follow(sink)
@@ -366,6 +373,7 @@ class Connection:
             # The log cannot be read, or the log actor has stopped (shutdown): a condition of
             # the database or the process, logged once per condition (registry/outage.py).
             condition = exc.code if isinstance(exc, RegistryError) else "log actor stopped"
+            self.deps.reads_at_failure = self.deps.logs.reads
             line = self.deps.outage.failed(condition, trio.current_time())
             if line is not None:
                 log.warning(line)
@@ -392,7 +400,8 @@ class Connection:
         logs = self.deps.logs
         assert self.position is not None
         if logs.connected and await logs.attach(self.position, sink):
-            self._log_recovery()  # the actor reads the log again: so may we
+            if logs.reads > self.deps.reads_at_failure:  # the actor has read since a failure
+                self._log_recovery()
             return
         while True:
             assert self.position is not None
@@ -444,7 +453,10 @@ class Connection:
             with trio.move_on_at(deadline):
                 await sink.wait()
         ended = sink.ended
-        sink.ended = None if ended == "disconnected" else ended
+        if ended == "disconnected":
+            # What the actor handed over goes out first: the replay starts after it.
+            await self._flush(writer)
+            sink.ended = None
         return ended
 
     async def _flush(self, writer: Writer) -> None:

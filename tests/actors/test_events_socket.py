@@ -417,27 +417,95 @@ async def test_a_log_that_cannot_be_read_closes_with_1011_and_the_resume_point(
     assert reason(client) == {"code": "unavailable", "lastSequence": 0}
 
 
-async def test_the_recovery_is_logged_when_a_subscription_attaches_after_a_failure(
+async def test_the_recovery_is_logged_once_the_log_actor_has_read_again(
     autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A failure to read the log is logged once; the recovery once too, even where the next
-    subscription is served by the log actor and reads nothing itself."""
+    """A failure to read the log is logged once. A subscription the log actor takes is not
+    proof that the database is back (an idle actor has not tried it): the recovery is logged
+    at the first one taken after the actor has read again."""
     caplog.set_level(logging.INFO, logger="ws.events")
     async with open_events(queue_size=2) as events:
         await fill(events.store, 3)
-        failed = events.connect()
         await trio.testing.wait_all_tasks_blocked()  # the log actor has read: it waits
         events.store.fail_reads = True
-        await failed.subscribe(fromSequence=0)  # three behind: a replay from the store
-        await trio.testing.wait_all_tasks_blocked()
+        # Three behind (more than the queue): a replay from the store, which fails; at the
+        # head: the actor takes it, reading nothing.
+        for start in (0, 3, 0, 3):
+            await events.connect().subscribe(fromSequence=start)
+            await trio.testing.wait_all_tasks_blocked()
         events.store.fail_reads = False
+        await fill(events.store, 1)  # the actor reads it
+        await trio.testing.wait_all_tasks_blocked()
         resumed = events.connect()
-        assert await resumed.subscribe(fromSequence=2) == 2  # from the actor's recent records
-        assert await resumed.events(1) == [3]
+        assert await resumed.subscribe(fromSequence=3) == 3  # from the actor's recent records
+        assert await resumed.events(1) == [4]
     assert [r.getMessage() for r in caplog.records if r.name == "ws.events"] == [
         "event subscriptions: database_unavailable",
-        "event subscriptions: back after 0.0s of database_unavailable (1 failures)",
+        "event subscriptions: back after 0.0s of database_unavailable (2 failures)",
     ]
+
+
+async def test_records_handed_over_before_the_log_actor_restarts_are_sent_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The actor hands a resume its records from the ring into the socket's outbox; when its
+    LISTEN connection is lost before they are sent, they go out first and the replay that
+    follows starts after them (no duplicate), whenever the loss comes."""
+    for pause in range(48):
+        async with open_events() as events:
+            await fill(events.store, 3)
+            await trio.testing.wait_all_tasks_blocked()
+            client = events.connect()
+            assert await client.subscribe(fromSequence=1) == 1
+            for _ in range(pause % 8):
+                await trio.lowlevel.checkpoint()
+            events.store.break_listeners()
+            await fill(events.store, 1)
+            assert await client.until_heartbeat() == ([2, 3, 4], 4), pause
+
+
+async def test_a_new_subscription_starts_where_it_asked_after_the_old_ones_events_go(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Events of the subscription being replaced that still wait for the socket go out before
+    `subscribed`; the new one then starts at its own `fromSequence`, not where they ended."""
+    async with open_events() as events:
+        client = events.connect()
+        assert await client.subscribe() == 0
+        client.sock.stall()  # the client stops reading
+        await fill(events.store, 3)
+        await trio.testing.wait_all_tasks_blocked()  # the three wait for the socket
+        await client.sock.put({"type": "subscribe", "fromSequence": 0})
+        await trio.testing.wait_all_tasks_blocked()
+        client.sock.resume()
+        assert await client.events(3) == [1, 2, 3]  # the old subscription's
+        assert await client.sock.get() == {"type": "subscribed", "fromSequence": 0}
+        assert await client.until_heartbeat() == ([1, 2, 3], 3)
+
+
+async def test_a_subscription_waiting_for_a_busy_log_actor_is_closed_when_it_loses_the_log(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A subscription asks the actor to take it while the actor is in a read. If the actor
+    then loses the database, the subscription is not left waiting for it to come back (no
+    heartbeat, no close, for the whole outage): it replays, fails, and is closed with 1011."""
+    async with open_events() as events:
+        await fill(events.store, 3)
+        await trio.testing.wait_all_tasks_blocked()
+        events.store.latency = 5.0  # each call now takes 5 s: the actor's next read too
+        events.nursery.start_soon(fill, events.store, 1)  # commits at 5, read from 5 to 10
+        await trio.sleep(6)
+        client = events.connect()
+        assert await client.subscribe(fromSequence=3) == 3  # its attach waits for the read
+        await trio.testing.wait_all_tasks_blocked()
+        events.store.fail_reads = True
+        events.store.break_listeners()
+        lost = trio.current_time()
+        await trio.sleep(1)
+        assert client.ended_at == lost
+    assert client.sock.close_frame is not None
+    assert client.sock.close_frame[0] == 1011
+    assert reason(client) == {"code": "unavailable", "lastSequence": 3}
 
 
 async def test_a_subscription_the_log_actor_can_serve_reads_no_page_of_the_store(

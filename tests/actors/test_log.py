@@ -15,7 +15,7 @@ import trio
 import trio.testing
 
 import actors.log as log_actor
-from actors.log import PAGE, Lagged, LogHandle, Subscription, run_log
+from actors.log import PAGE, Batch, Delivery, Lagged, LogHandle, Subscription, run_log
 from actors.supervisor import supervise
 from registry.changes import Change, LogRecord
 from registry.errors import Unavailable
@@ -326,6 +326,49 @@ async def test_a_lost_wakeup_is_read_after_poll_seconds(
         await fill(store, 1)  # at 5.1: woken at once
         await trio.testing.wait_all_tasks_blocked()
         assert got[-1] == (2, origin + 5.1)
+        nursery.cancel_scope.cancel()
+
+
+class NullSink:
+    """A live subscription that takes everything and never ends."""
+
+    capacity = 1024
+
+    def deliver(self, batch: Batch) -> Delivery:
+        return "ok"
+
+    def disconnected(self) -> None:
+        pass
+
+    def gone(self) -> bool:
+        return False
+
+
+async def test_a_commit_is_read_at_once_while_attaches_fill_the_inbox(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Attaches and wakeups share the actor's bounded inbox. A burst of subscriptions that
+    fills it must not leave a commit made meanwhile unread until the poll."""
+    store = MemoryStore()
+    head = await fill(store, 1)
+    got: list[tuple[int, float]] = []
+
+    async def follow(logs: LogHandle) -> None:
+        async with logs.subscribe(head) as subscription:
+            while True:
+                record = await subscription.receive()
+                got.append((record.seq, trio.current_time()))
+
+    origin = trio.current_time()
+    async with open_log(store, poll_seconds=60.0) as logs, trio.open_nursery() as nursery:
+        nursery.start_soon(follow, logs)
+        await trio.testing.wait_all_tasks_blocked()
+        for _ in range(1100):  # more than the inbox holds
+            nursery.start_soon(logs.attach, head, NullSink())
+        await trio.lowlevel.checkpoint()  # they have sent theirs: the inbox is full
+        await fill(store, 1)  # its wakeup finds no room
+        await trio.sleep(1)
+        assert got == [(head + 1, origin)]
         nursery.cancel_scope.cancel()
 
 
