@@ -321,6 +321,12 @@ class Connection:
                     code="replay_rate_limited",
                 )
         assert self._nursery is not None
+        # From here the position is the new subscription's (what an unsubscribe or a close
+        # reports, even before its forwarder runs). The events the old one handed over and not
+        # yet sent still go out first, but no longer move it.
+        for i, (text, _) in enumerate(self.outbox):
+            self.outbox[i] = (text, None)
+        self.position = after
         self._forwarder = trio.CancelScope()
         self._forwarder_done = trio.Event()
         self._nursery.start_soon(
@@ -354,10 +360,7 @@ class Connection:
         """Replay from the store, then live from the log actor, until the subscription ends."""
         sink = EventSink(self, admits, batch, self._writer())
         try:
-            # Whatever the previous subscription handed over goes out first, and moves the
-            # position as it does; this one starts after `after`.
             await self.send_json({"type": "subscribed", "fromSequence": after})
-            self.position = after
             while True:
                 await self._replay(sink)
                 ended = await self._follow(sink)

@@ -26,7 +26,7 @@ from registry.store import SessionRecord
 from registry.store.memory import MemoryStore
 from registry.usecases.common import Principal
 from registry.usecases.entries import entry_change
-from ws.events import Connection, EventDeps
+from ws.events import Connection, EventDeps, EventSink
 
 AGENT = "AgentDefinition"
 TOOL = "ToolDefinition"
@@ -446,22 +446,49 @@ async def test_the_recovery_is_logged_once_the_log_actor_has_read_again(
 
 
 async def test_records_handed_over_before_the_log_actor_restarts_are_sent_once(
-    autojump_clock: trio.testing.MockClock,
+    autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The actor hands a resume its records from the ring into the socket's outbox; when its
     LISTEN connection is lost before they are sent, they go out first and the replay that
-    follows starts after them (no duplicate), whenever the loss comes."""
-    for pause in range(48):
-        async with open_events() as events:
-            await fill(events.store, 3)
-            await trio.testing.wait_all_tasks_blocked()
-            client = events.connect()
-            assert await client.subscribe(fromSequence=1) == 1
-            for _ in range(pause % 8):
+    follows starts after them (no duplicate)."""
+    handed_over = trio.Event()
+    replay = Connection._replay
+
+    async def replay_then_hold(self: Connection, sink: EventSink) -> None:
+        await replay(self, sink)
+        if not handed_over.is_set():  # the first attach: hold on until the actor drops it
+            handed_over.set()
+            while sink.ended is None:
                 await trio.lowlevel.checkpoint()
-            events.store.break_listeners()
-            await fill(events.store, 1)
-            assert await client.until_heartbeat() == ([2, 3, 4], 4), pause
+
+    monkeypatch.setattr(Connection, "_replay", replay_then_hold)
+    async with open_events() as events:
+        await fill(events.store, 3)
+        await trio.testing.wait_all_tasks_blocked()
+        client = events.connect()
+        assert await client.subscribe(fromSequence=1) == 1
+        await handed_over.wait()  # 2 and 3 wait in the outbox
+        events.store.break_listeners()
+        await fill(events.store, 1)
+        assert await client.until_heartbeat() == ([2, 3, 4], 4)
+
+
+async def test_an_unsubscribe_right_after_subscribing_reports_where_it_started(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Whether or not the subscription has begun to send, `unsubscribed` reports a position it
+    covers: its `fromSequence`, or the last event it sent."""
+    async with open_events() as events:
+        await fill(events.store, 3)
+        client = events.connect()
+        await client.sock.put({"type": "subscribe", "fromSequence": 1})
+        await client.sock.put({"type": "unsubscribe"})
+        sent: list[int] = []
+        while (message := await client.sock.get())["type"] != "unsubscribed":
+            if message["type"] == "event":
+                sent.append(message["sequence"])
+        assert sent == [2, 3][: len(sent)]
+        assert message["lastSequence"] == (sent[-1] if sent else 1)
 
 
 async def test_a_new_subscription_starts_where_it_asked_after_the_old_ones_events_go(
