@@ -403,8 +403,7 @@ class Connection:
         logs = self.deps.logs
         assert self.position is not None
         if logs.connected and await logs.attach(self.position, sink):
-            if logs.reads > self.deps.reads_at_failure:  # the actor has read since a failure
-                self._log_recovery()
+            self._note_recovery()
             return
         while True:
             assert self.position is not None
@@ -423,6 +422,12 @@ class Connection:
                     return
             if len(records) < PAGE and await logs.attach(self.position, sink):
                 return
+
+    def _note_recovery(self) -> None:
+        """A subscription the actor serves tells of a recovery only once the actor has read
+        the log since the last failure (taking a sink needs no database)."""
+        if self.deps.logs.reads > self.deps.reads_at_failure:
+            self._log_recovery()
 
     def _log_recovery(self) -> None:
         line = self.deps.outage.succeeded(trio.current_time())
@@ -452,6 +457,7 @@ class Connection:
             deadline = writer.last_sent + heartbeat
             if trio.current_time() >= deadline:
                 await writer.heartbeat(self)
+                self._note_recovery()  # so the line comes even if no subscription follows
                 continue
             with trio.move_on_at(deadline):
                 await sink.wait()
