@@ -406,7 +406,6 @@ class Connection:
             self._note_recovery()
             return
         while True:
-            assert self.position is not None
             assert self.deps.replaying is not None
             await self._wait_while_in_debt()
             with db_meter() as meter:

@@ -51,6 +51,14 @@ async def consume(
             got.append((await subscription.receive()).seq)
 
 
+async def follow_timed(handle: LogHandle, after: int, got: list[tuple[int, float]]) -> NoReturn:
+    """Receive every sequence after `after` into `got`, with the time it came."""
+    async with handle.subscribe(after) as subscription:
+        while True:
+            record = await subscription.receive()
+            got.append((record.seq, trio.current_time()))
+
+
 async def drain(subscription: Subscription, got: list[int]) -> NoReturn:
     """Receive into `got` until `receive` raises."""
     while True:
@@ -305,16 +313,9 @@ async def test_a_lost_wakeup_is_read_after_poll_seconds(
 ) -> None:
     store = MemoryStore()
     got: list[tuple[int, float]] = []
-
-    async def follow(logs: LogHandle) -> None:
-        async with logs.subscribe(0) as subscription:
-            while True:
-                record = await subscription.receive()
-                got.append((record.seq, trio.current_time()))
-
     origin = trio.current_time()
     async with open_log(store, poll_seconds=5.0) as logs, trio.open_nursery() as nursery:
-        nursery.start_soon(follow, logs)
+        nursery.start_soon(follow_timed, logs, 0, got)
         await trio.testing.wait_all_tasks_blocked()
         store.drop_wakeups = True
         await fill(store, 1)  # at 0, its NOTIFY lost
@@ -352,16 +353,9 @@ async def test_a_commit_is_read_at_once_while_attaches_fill_the_inbox(
     store = MemoryStore()
     head = await fill(store, 1)
     got: list[tuple[int, float]] = []
-
-    async def follow(logs: LogHandle) -> None:
-        async with logs.subscribe(head) as subscription:
-            while True:
-                record = await subscription.receive()
-                got.append((record.seq, trio.current_time()))
-
     origin = trio.current_time()
     async with open_log(store, poll_seconds=60.0) as logs, trio.open_nursery() as nursery:
-        nursery.start_soon(follow, logs)
+        nursery.start_soon(follow_timed, logs, head, got)
         await trio.testing.wait_all_tasks_blocked()
         for _ in range(1100):  # more than the inbox holds
             nursery.start_soon(logs.attach, head, NullSink())
