@@ -22,7 +22,7 @@ from api.errors import error_response
 from api.framing import with_framing_checks
 from api.headers import header
 from api.http import Deps, fresh_request_id, new_request_id
-from api.observe import install
+from api.observe import install, note_start
 from registry.errors import Invalid, MethodNotAllowed, NotFound, RegistryError, TooLarge
 from registry.store.routing import MIN_SEQUENCE_HEADER, READ_FLOOR, parse_floor
 
@@ -55,17 +55,17 @@ def create_app(dependencies: Deps) -> QuartTrio:
     install(app, dependencies.metrics, access_log=dependencies.config.logging.access)
     _register_routes(app)
 
+    min_sequence_header = MIN_SEQUENCE_HEADER.lower().encode()
+
+    # One hook for what every request needs first: Quart's call of each hook costs more than
+    # what these do (bench/app_cpu.py).
     @app.before_request
-    async def metrics_listener_serves_metrics_only() -> None:
-        if request.path != "/metrics" and ops.on_metrics_listener(dependencies.config):
+    async def before_every_request() -> None:
+        note_start()
+        if ops.on_metrics_listener(dependencies.config) and request.path != "/metrics":
             raise NotFound(
                 f"no route for {request.path} on the metrics listener", code="route_not_found"
             )
-
-    min_sequence_header = MIN_SEQUENCE_HEADER.lower().encode()
-
-    @app.before_request
-    async def reads_may_lag_for_gets() -> None:
         # A GET may be answered by the read replica once it has replayed the client's floor
         # (registry/store/routing.py); any other method's reads decide a write: the primary.
         # Set on every request, as a connection's requests may share a task.

@@ -30,19 +30,22 @@ from api.metrics import UNROUTED, Metrics
 ACCESS = logging.getLogger("registry.access")
 
 
-def install(app: QuartTrio, metrics: Metrics, *, access_log: bool) -> None:
-    """Time, log and count every request of `app`."""
+def note_start() -> None:
+    """Start the request's clock: the app's one `before_request` hook calls this first
+    (api/app.py)."""
+    g.started = time.perf_counter()
 
-    @app.before_request
-    async def started() -> None:
-        g.started = time.perf_counter()
+
+def install(app: QuartTrio, metrics: Metrics, *, access_log: bool) -> None:
+    """Log and count every request of `app`, timed from `note_start`."""
 
     @app.after_request
     async def finished(response: Response) -> Response:
         seconds = time.perf_counter() - g.get("started", time.perf_counter())
         route = request.url_rule.rule if request.url_rule is not None else UNROUTED
         status = response.status_code
-        replayed = response.headers.get("Idempotent-Replayed") == "true"
+        # `getlist`: werkzeug's `get` raises and catches an exception for an absent header.
+        replayed = "true" in response.headers.getlist("Idempotent-Replayed")
         metrics.observe_request(route, request.method, status, seconds)
         if status == 429:
             metrics.rate_limited.labels(g.get("rate_class", "unknown")).inc()

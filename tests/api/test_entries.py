@@ -918,3 +918,26 @@ async def test_delete_without_session_is_401_and_unknown_is_404(harness: Harness
     await error_of(r, 404, "entry_not_found")
     r = await harness.client.get(f"/v1/entries/{first['entryDid']}")
     assert r.status_code == 200
+
+
+async def test_registry_min_sequence_is_checked_on_reads_only(harness: Harness) -> None:
+    """docs/replicas.md: a GET's Registry-Min-Sequence is a decimal 0..2^63-1, else 400
+    `invalid_min_sequence`; a write does not read it (its reads are the primary's)."""
+    key = SigningKey.generate()
+    token = await sign_in(harness.client, key)
+    entry = signed_entry(key)
+    r = await harness.client.post(
+        "/v1/entries",
+        json=entry,
+        headers=bearer(token, **idem(), **{"Registry-Min-Sequence": "soon"}),
+    )
+    assert r.status_code == 201, await r.get_data()
+    sequence = r.headers["Registry-Sequence"]
+    client = anon_client(harness)
+    path = f"/v1/entries/{entry['entryDid']}"
+    for bad in ("soon", "-1", "1.5", "٣", str(2**63)):
+        r = await client.get(path, headers={"Registry-Min-Sequence": bad})
+        await error_of(r, 400, "invalid_min_sequence")
+    for good in ("0", sequence, str(2**63 - 1)):
+        r = await client.get(path, headers={"Registry-Min-Sequence": good})
+        assert r.status_code == 200, (good, await r.get_data())
