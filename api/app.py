@@ -20,7 +20,7 @@ from api import (
 )
 from api.errors import error_response
 from api.framing import with_framing_checks
-from api.headers import header
+from api.headers import current_scope, header
 from api.http import Deps, fresh_request_id, new_request_id
 from api.observe import install, note_start
 from registry.errors import Invalid, MethodNotAllowed, NotFound, RegistryError, TooLarge
@@ -61,7 +61,9 @@ def create_app(dependencies: Deps) -> QuartTrio:
     # what these do (bench/app_cpu.py).
     @app.before_request
     async def before_every_request() -> None:
-        note_start()
+        scope = current_scope()
+        assert scope is not None
+        note_start(scope)
         if ops.on_metrics_listener(dependencies.config) and request.path != "/metrics":
             raise NotFound(
                 f"no route for {request.path} on the metrics listener", code="route_not_found"
@@ -70,7 +72,7 @@ def create_app(dependencies: Deps) -> QuartTrio:
         # (registry/store/routing.py); any other method's reads decide a write: the primary.
         # Set on every request, as a connection's requests may share a task.
         READ_FLOOR.set(None)
-        if request.method in ("GET", "HEAD"):
+        if scope["method"] in ("GET", "HEAD"):
             value = header(min_sequence_header)
             try:
                 READ_FLOOR.set(0 if value is None else parse_floor(value.strip()))

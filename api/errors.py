@@ -11,17 +11,22 @@ import logging
 import math
 from typing import Any
 
-from quart import Response, g, has_request_context
+from quart import Response
 
-from api.headers import header
+from api.headers import current_scope
 from registry.errors import RateLimited, RegistryError, Unavailable
 
 log = logging.getLogger("registry.api")
 
 
+_BODY_READ = "registry.body_read"  # in the request's ASGI scope, once its body is all read
+
+
 def mark_body_read() -> None:
     """Record that this request's body was read to its end (`body_unread` is then False)."""
-    g.registry_body_read = True
+    scope = current_scope()
+    if scope is not None:
+        scope[_BODY_READ] = True
 
 
 def body_unread() -> bool:
@@ -31,10 +36,16 @@ def body_unread() -> bool:
     recycle it, and a client that sends its next request on it waits forever. Such an answer
     says `Connection: close` (a 404 or 405 of routing, an early 401 or 429, a body where the
     operation takes none)."""
-    if not has_request_context() or g.get("registry_body_read", False):
+    scope = current_scope()
+    if scope is None or scope["type"] != "http" or scope.get(_BODY_READ, False):
         return False
-    length = header(b"content-length")
-    return bool(header(b"transfer-encoding")) or (length is not None and length != "0")
+    chunked, length = False, None
+    for key, value in scope["headers"]:
+        if key == b"transfer-encoding":
+            chunked = chunked or bool(value)
+        elif key == b"content-length" and length is None:
+            length = value
+    return chunked or (length is not None and length != b"0")
 
 
 def error_body(code: str, message: str, request_id: str, details: dict[str, Any] | None) -> str:

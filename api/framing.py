@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from api.errors import error_body
+from api.headers import REQUEST_SCOPE
 from ws.transport import CURRENT_STREAM
 
 ASGIApp = Callable[[Any, Any, Any], Awaitable[None]]
@@ -29,7 +30,20 @@ def framing_problem(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
 
 
 def with_framing_checks(app: ASGIApp, new_request_id: Callable[[], str]) -> ASGIApp:
+    """`app` behind the framing check; also where each request's and handshake's scope is
+    published in `REQUEST_SCOPE` (api/headers.py) while the app serves it."""
+
     async def checked(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await app(scope, receive, send)
+            return
+        published = REQUEST_SCOPE.set(scope)
+        try:
+            await _checked(scope, receive, send)
+        finally:
+            REQUEST_SCOPE.reset(published)
+
+    async def _checked(scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
             problem = framing_problem(scope["headers"])
             if problem is not None:

@@ -6,25 +6,53 @@ looks at on each request (X-Request-Id, X-Forwarded-For, Registry-Min-Sequence, 
 Transfer-Encoding, ...) are usually absent. This reads the ASGI scope's header list instead:
 names there are lower case (ASGI), values are decoded as Quart decodes them (latin-1), and the
 first of repeated headers is the one answered, as `Headers.get` does.
+
+The scope itself is found in `REQUEST_SCOPE`, which the app's ASGI entry (`api/framing.py`) sets
+for each request and WebSocket handshake: Quart's `request` and `websocket` are werkzeug proxies,
+and the few lookups of them a request made this way cost more than the header scans
+(bench/app_cpu.py). Outside that entry (a test's `test_request_context`) the proxies answer.
 """
 
 from __future__ import annotations
 
-from quart import has_request_context, request, websocket
+from contextvars import ContextVar
+from typing import Any
 
-from registry.ratelimit import joined_lines
+from quart import has_request_context, has_websocket_context, request, websocket
+
+REQUEST_SCOPE: ContextVar[dict[str, Any] | None] = ContextVar(
+    "registry_request_scope", default=None
+)
 
 
-def header_lines(name: bytes) -> str:
-    """Every line of the request's header `name` (lower case), joined (`joined_lines`)."""
-    scope = request.scope if has_request_context() else websocket.scope
-    return joined_lines(scope["headers"], name)
+def current_scope() -> dict[str, Any] | None:
+    """The ASGI scope of the request or WebSocket handshake being served; None outside one."""
+    scope = REQUEST_SCOPE.get()
+    if scope is not None:
+        return scope
+    if has_request_context():
+        return request.scope  # type: ignore[return-value]
+    if has_websocket_context():
+        return websocket.scope  # type: ignore[return-value]
+    return None
+
+
+def _scope() -> dict[str, Any]:
+    scope = current_scope()
+    if scope is None:
+        raise RuntimeError("not within a request or WebSocket handshake")
+    return scope
+
+
+def peer_address(scope: dict[str, Any]) -> str:
+    """The TCP peer's address, as Quart's `remote_addr` gives it ("<local>" without one)."""
+    client = scope.get("client")
+    return str(client[0]) if client else "<local>"
 
 
 def header(name: bytes) -> str | None:
     """The request's (or WebSocket handshake's) header `name`, given in lower case."""
-    scope = request.scope if has_request_context() else websocket.scope
-    for key, value in scope["headers"]:
+    for key, value in _scope()["headers"]:
         if key == name:
             return str(value.decode("latin-1"))
     return None

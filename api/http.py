@@ -24,14 +24,14 @@ from werkzeug.exceptions import RequestEntityTooLarge
 
 from actors.ratelimiter import RateLimiter
 from api.errors import body_unread, error_response, mark_body_read
-from api.headers import header, header_lines
+from api.headers import current_scope, header, peer_address
 from api.metrics import Metrics
 from registry import canonical
 from registry.caches import FollowedCache
 from registry.config import Config
 from registry.errors import Invalid, RateLimited, TooLarge, Unauthorized, UnsupportedMediaType
 from registry.metering import DB_TIME_CLASS, db_meter
-from registry.ratelimit import Decision, client_of
+from registry.ratelimit import Decision, client_of, joined_lines
 from registry.store import Store
 from registry.usecases.anchors import Anchors
 from registry.usecases.common import Principal
@@ -130,9 +130,11 @@ def new_request_id() -> str:
 
 
 def client_address(config: Config) -> str:
+    scope = current_scope()
+    assert scope is not None, "client_address outside a request"
     return client_of(
-        header_lines(b"x-forwarded-for"),
-        request.remote_addr,
+        joined_lines(scope["headers"], b"x-forwarded-for"),
+        peer_address(scope),
         config.server.trusted_proxies,
     )
 

@@ -20,20 +20,25 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 from quart import Response, g, request
 from quart_trio import QuartTrio
 
+from api.headers import current_scope
 from api.http import client_address, deps
 from api.metrics import UNROUTED, Metrics
 
 ACCESS = logging.getLogger("registry.access")
 
 
-def note_start() -> None:
+_STARTED = "registry.started"  # in the request's ASGI scope: when the app first saw it
+
+
+def note_start(scope: dict[str, Any]) -> None:
     """Start the request's clock: the app's one `before_request` hook calls this first
     (api/app.py)."""
-    g.started = time.perf_counter()
+    scope[_STARTED] = time.perf_counter()
 
 
 def install(app: QuartTrio, metrics: Metrics, *, access_log: bool) -> None:
@@ -41,7 +46,8 @@ def install(app: QuartTrio, metrics: Metrics, *, access_log: bool) -> None:
 
     @app.after_request
     async def finished(response: Response) -> Response:
-        seconds = time.perf_counter() - g.get("started", time.perf_counter())
+        now = time.perf_counter()
+        seconds = now - (current_scope() or {}).get(_STARTED, now)
         route = request.url_rule.rule if request.url_rule is not None else UNROUTED
         status = response.status_code
         # `getlist`: werkzeug's `get` raises and catches an exception for an absent header.
