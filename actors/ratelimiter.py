@@ -58,6 +58,14 @@ class RateLimiter:
             self._sweep(now)
         return decision
 
+    def peek(self, klass: str, client: str, cost: float = 1.0) -> Decision:
+        """The decision `acquire(klass, client, cost)` would give now, taking nothing."""
+        rate = self._rates.get(klass)
+        if rate is None:
+            raise ValueError(f"unknown rate-limit class {klass!r}")
+        decision, _ = take(self._buckets.get((klass, client)), rate, trio.current_time(), cost)
+        return decision
+
     def charge(self, klass: str, client: str, cost: float) -> None:
         """Take `cost` tokens of `klass` from `client` after the fact (`ratelimit.charge`): a
         bucket in debt refuses `acquire(klass, client, cost=0)` until it has refilled."""

@@ -243,6 +243,11 @@ def _paying_database_time(d: Deps, ctx: Ctx, klass: str, address: str) -> Iterat
             d.limiter.charge(DB_TIME_CLASS, address, meter.seconds * 1000)
 
 
+# The limiter's client key of an address's failed session lookups (a prefix no DID or address
+# has): a bucket apart from the address's own, so that sign-ins do not spend it.
+FAILED_SESSIONS = "failed-sessions "
+
+
 def rate_headers(decision: Decision, headers: Any) -> None:
     headers["RateLimit-Limit"] = str(decision.limit)
     headers["RateLimit-Remaining"] = str(decision.remaining)
@@ -281,11 +286,30 @@ def endpoint(
                 if auth != "none":
                     token = bearer_token()
                     if token is not None:
+                        # A token the process does not know costs the database a lookup. The
+                        # address's failed attempts have a bucket of their own (the class's
+                        # rate): once they have emptied it, an unknown token is refused before
+                        # it is looked up (docs/limits.md, "Session tokens").
+                        failures = FAILED_SESSIONS + client_address(d.config)
+
+                        def lookup_admitted() -> None:
+                            probe = d.limiter.peek(klass, failures)
+                            if not probe.allowed:
+                                raise RateLimited(
+                                    f"{klass} rate limit exceeded",
+                                    retry_after=probe.retry_after,
+                                    limit=probe.limit,
+                                    code=f"{klass}_rate_limited",
+                                )
+
                         try:
-                            ctx.principal = await d.sessions.authenticate(token)
+                            ctx.principal = await d.sessions.authenticate(
+                                token, before_lookup=lookup_admitted
+                            )
                         except Unauthorized:
-                            # Failed attempts spend the client address's bucket: guessing
+                            # Failed attempts also spend the client address's bucket: guessing
                             # tokens is throttled like any other traffic.
+                            d.limiter.acquire(klass, failures)
                             ctx.decision = d.limiter.acquire(klass, client_address(d.config))
                             if not ctx.decision.allowed:
                                 raise RateLimited(

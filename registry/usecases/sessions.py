@@ -128,17 +128,26 @@ class Sessions:
         }
         return body, token
 
-    async def authenticate(self, token: str) -> Principal:
-        return await self.recheck_hash(hash_token(token))
+    async def authenticate(
+        self, token: str, *, before_lookup: Callable[[], None] | None = None
+    ) -> Principal:
+        """The principal of `token`'s session (`Unauthorized` when there is none, or it has
+        expired). `before_lookup` runs when the session is not in this process's cache, before
+        the database is asked: it may refuse the lookup by raising."""
+        return await self.recheck_hash(hash_token(token), before_lookup)
 
     async def recheck(self, principal: Principal) -> Principal:
         """The principal's session as it stands now (`Unauthorized` once it has expired or been
         revoked): for a long-lived caller, e.g. an event subscription."""
         return await self.recheck_hash(principal.token_hash)
 
-    async def recheck_hash(self, token_hash: bytes) -> Principal:
+    async def recheck_hash(
+        self, token_hash: bytes, before_lookup: Callable[[], None] | None = None
+    ) -> Principal:
         session = self.sessions.get(token_hash)
         if session is None:
+            if before_lookup is not None:
+                before_lookup()
             epoch = self.sessions.epoch
             session = await self.store.get_session(token_hash)
             if session is not None:

@@ -29,6 +29,23 @@ async def test_bucket_allows_per_minute_requests_at_once_then_refuses(
     )
 
 
+async def test_peek_says_what_acquire_would_and_takes_nothing(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    limiter = RateLimiter(RATES)
+    for _ in range(14):
+        assert limiter.acquire("write", "bob").allowed
+    for _ in range(3):
+        assert limiter.peek("write", "bob") == Decision(
+            allowed=True, limit=15, remaining=0, retry_after=0.0, reset_after=60.0
+        )
+    assert limiter.acquire("write", "bob").allowed  # the last token was still there
+    assert not limiter.peek("write", "bob").allowed
+    assert limiter.peek("write", "bob").retry_after == pytest.approx(4.0)
+    await trio.sleep(4)
+    assert limiter.peek("write", "bob").allowed
+
+
 async def test_bucket_refills_at_the_exact_rate_in_virtual_time(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

@@ -14,7 +14,7 @@ from quart.testing import QuartClient
 from registry.config import ConfigError
 from registry.keys import SigningKey
 from registry.store.pg import open_pg_store
-from tests.api.api_support import error_of
+from tests.api.api_support import error_of, with_harness
 from tests.conftest import Harness, make_config, open_harness
 from tests.helpers import bearer, idem, sign_in, signed_entry
 
@@ -67,6 +67,47 @@ async def test_guessing_tokens_is_rate_limited(database_url: str, tmp_path: Path
         ]
         assert statuses[:3] == [401, 401, 401]
         assert statuses[3:] == [429, 429]
+
+
+async def test_guessed_tokens_stop_reaching_the_database_once_the_budget_is_spent(
+    database_url: str, tmp_path: Path
+) -> None:
+    """An unknown token costs a session lookup. Once failed attempts have spent the address's
+    budget, the next unknown token is refused before it is looked up, while a session the
+    process knows still passes (its principal's own budget)."""
+    config = make_config(database_url, tmp_path, limits={"read_per_minute": 3})
+
+    async def body(h: Harness) -> None:
+        token = await sign_in(h.client, SigningKey.generate())
+        client = _fresh_client(h)
+        assert (await client.get("/v1/auth/session", headers=bearer(token))).status_code == 200
+        store = h.service.deps.sessions.store
+        looked_up: list[bytes] = []
+        real = store.get_session
+
+        async def counted(token_hash: bytes) -> Any:
+            looked_up.append(token_hash)
+            return await real(token_hash)
+
+        store.get_session = counted  # type: ignore[method-assign]
+        statuses = [
+            (await client.get("/v1/auth/session", headers=bearer(f"guess-{n}"))).status_code
+            for n in range(6)
+        ]
+        assert statuses == [401, 401, 401, 429, 429, 429]
+        assert len(looked_up) == 3
+        r = await client.get("/v1/auth/session", headers=bearer(token))
+        assert r.status_code == 200, await r.get_data()
+        assert len(looked_up) == 3
+        # Signing in spends the address's write budget, not its failures' bucket; the new
+        # session, unknown to the process, waits for that bucket like a guess from there.
+        fresh = await sign_in(h.client, SigningKey.generate())
+        r = await client.get("/v1/auth/session", headers=bearer(fresh))
+        await error_of(r, 429, "read_rate_limited")
+        assert int(r.headers["Retry-After"]) >= 1
+        assert len(looked_up) == 3
+
+    await with_harness(config, body)
 
 
 @pytest.mark.parametrize(
