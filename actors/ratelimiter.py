@@ -19,13 +19,45 @@ from typing import Protocol
 
 import trio
 
-from registry.errors import Unavailable
-from registry.ratelimit import Bucket, Decision, Rate, charge, is_idle, take
+from registry.errors import RateLimited, Unavailable
+from registry.ratelimit import Bucket, Decision, Rate, charge, is_idle, refund, take
 
 log = logging.getLogger(__name__)
 
 CLASSES = ("read", "write", "query")  # every limiter has these; more may be added
 MAX_BUCKETS = 200_000  # sweep early when this many clients were seen within a minute
+
+
+# An address's failed session lookups: one bucket per address, at the read rate, whatever the
+# route (docs/limits.md, "Session tokens"). The client-key prefix is one no DID or address has.
+FAILED_SESSIONS_CLASS = "read"
+FAILED_SESSIONS = "failed-sessions "
+
+
+class SessionLookups:
+    """A request's budget for looking session tokens up in the database (a token the process's
+    cache does not hold): each lookup takes a token of its address's failed-lookups bucket
+    *before* it is made, so guesses sent at once cannot all pass while the first are looked
+    up; a lookup that finds a live session gives it back. Once the bucket is empty, `take`
+    refuses with `RateLimited(code)`, and no lookup is made (`Sessions.authenticate`)."""
+
+    def __init__(self, limiter: RateLimiter, address: str, code: str) -> None:
+        self._limiter = limiter
+        self._key = FAILED_SESSIONS + address
+        self._code = code
+
+    def take(self) -> None:
+        decision = self._limiter.acquire(FAILED_SESSIONS_CLASS, self._key)
+        if not decision.allowed:
+            raise RateLimited(
+                "too many failed session lookups from this address",
+                retry_after=decision.retry_after,
+                limit=decision.limit,
+                code=self._code,
+            )
+
+    def give_back(self) -> None:
+        self._limiter.refund(FAILED_SESSIONS_CLASS, self._key)
 
 
 class RateLimiter:
@@ -58,13 +90,13 @@ class RateLimiter:
             self._sweep(now)
         return decision
 
-    def peek(self, klass: str, client: str, cost: float = 1.0) -> Decision:
-        """The decision `acquire(klass, client, cost)` would give now, taking nothing."""
+    def refund(self, klass: str, client: str, cost: float = 1.0) -> None:
+        """Give back `cost` tokens `acquire` took for work that turned out not to count."""
         rate = self._rates.get(klass)
         if rate is None:
             raise ValueError(f"unknown rate-limit class {klass!r}")
-        decision, _ = take(self._buckets.get((klass, client)), rate, trio.current_time(), cost)
-        return decision
+        key = (klass, client)
+        self._buckets[key] = refund(self._buckets.get(key), rate, trio.current_time(), cost)
 
     def charge(self, klass: str, client: str, cost: float) -> None:
         """Take `cost` tokens of `klass` from `client` after the fact (`ratelimit.charge`): a

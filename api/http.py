@@ -22,7 +22,7 @@ import trio
 from quart import Response, current_app, g, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
-from actors.ratelimiter import RateLimiter
+from actors.ratelimiter import RateLimiter, SessionLookups
 from api.errors import body_unread, error_response, mark_body_read
 from api.headers import current_scope, header, peer_address
 from api.metrics import Metrics
@@ -243,11 +243,6 @@ def _paying_database_time(d: Deps, ctx: Ctx, klass: str, address: str) -> Iterat
             d.limiter.charge(DB_TIME_CLASS, address, meter.seconds * 1000)
 
 
-# The limiter's client key of an address's failed session lookups (a prefix no DID or address
-# has): a bucket apart from the address's own, so that sign-ins do not spend it.
-FAILED_SESSIONS = "failed-sessions "
-
-
 def rate_headers(decision: Decision, headers: Any) -> None:
     headers["RateLimit-Limit"] = str(decision.limit)
     headers["RateLimit-Remaining"] = str(decision.remaining)
@@ -286,30 +281,17 @@ def endpoint(
                 if auth != "none":
                     token = bearer_token()
                     if token is not None:
-                        # A token the process does not know costs the database a lookup. The
-                        # address's failed attempts have a bucket of their own (the class's
-                        # rate): once they have emptied it, an unknown token is refused before
-                        # it is looked up (docs/limits.md, "Session tokens").
-                        failures = FAILED_SESSIONS + client_address(d.config)
-
-                        def lookup_admitted() -> None:
-                            probe = d.limiter.peek(klass, failures)
-                            if not probe.allowed:
-                                raise RateLimited(
-                                    f"{klass} rate limit exceeded",
-                                    retry_after=probe.retry_after,
-                                    limit=probe.limit,
-                                    code=f"{klass}_rate_limited",
-                                )
-
+                        # A token the process does not know costs the database a lookup:
+                        # within the address's budget of failed lookups (docs/limits.md,
+                        # "Session tokens").
+                        lookups = SessionLookups(
+                            d.limiter, client_address(d.config), f"{klass}_rate_limited"
+                        )
                         try:
-                            ctx.principal = await d.sessions.authenticate(
-                                token, before_lookup=lookup_admitted
-                            )
+                            ctx.principal = await d.sessions.authenticate(token, lookups=lookups)
                         except Unauthorized:
                             # Failed attempts also spend the client address's bucket: guessing
                             # tokens is throttled like any other traffic.
-                            d.limiter.acquire(klass, failures)
                             ctx.decision = d.limiter.acquire(klass, client_address(d.config))
                             if not ctx.decision.allowed:
                                 raise RateLimited(

@@ -76,6 +76,12 @@ def charge(bucket: Bucket | None, rate: Rate, now: float, cost: float) -> Bucket
     return Bucket(refill(bucket, rate, now) - max(0.0, cost), now)
 
 
+def refund(bucket: Bucket | None, rate: Rate, now: float, cost: float) -> Bucket:
+    """Give back `cost` tokens taken for work that turned out not to count (never above a
+    full bucket)."""
+    return Bucket(min(rate.capacity, refill(bucket, rate, now) + max(0.0, cost)), now)
+
+
 def is_idle(bucket: Bucket, rate: Rate, now: float) -> bool:
     return refill(bucket, rate, now) >= rate.capacity
 

@@ -43,7 +43,7 @@ from quart import websocket
 from quart_trio import QuartTrio
 
 from actors.log import PAGE, Batch, Delivery, LogHandle
-from actors.ratelimiter import RateLimiter
+from actors.ratelimiter import RateLimiter, SessionLookups
 from registry.canonical import parse_strict
 from registry.changes import LogRecord
 from registry.config import EventsConfig
@@ -101,6 +101,14 @@ class EventDeps:
     def __post_init__(self) -> None:
         if self.replaying is None:
             self.replaying = trio.CapacityLimiter(self.config.replay_concurrency)
+
+    def session_lookups(self, client: str) -> SessionLookups | None:
+        """A session token's lookup from `client`, within its address's budget of failed
+        lookups, shared with HTTP (docs/limits.md, "Session tokens"); a refusal's code is a
+        read's (the event stream is read)."""
+        if self.limiter is None:
+            return None
+        return SessionLookups(self.limiter, client, "read_rate_limited")
 
 
 class _Closed(Exception):
@@ -280,7 +288,9 @@ class Connection:
             await self.send_json({"type": "error", "error": error})
 
     async def _authenticate(self, message: AuthMessage) -> None:
-        self.principal = await self.deps.sessions.authenticate(message.token)
+        self.principal = await self.deps.sessions.authenticate(
+            message.token, lookups=self.deps.session_lookups(self.client)
+        )
         self.revoked = False
         await self.send_json(
             {"type": "authenticated", "principal": self.principal.did, "admin": self.admin}
@@ -793,7 +803,15 @@ def register_events(app: QuartTrio, deps: EventDeps) -> None:
             token = _token(websocket.headers, websocket.cookies)
             if token is not None:
                 try:
-                    connection.principal = await deps.sessions.authenticate(token)
+                    connection.principal = await deps.sessions.authenticate(
+                        token, lookups=deps.session_lookups(client)
+                    )
+                except RateLimited:
+                    deps.closes[CLOSE_TRY_LATER] += 1
+                    await sock.close(
+                        CLOSE_TRY_LATER, "too many failed session lookups from this address"
+                    )
+                    return
                 except RegistryError:
                     deps.closes[CLOSE_UNAUTHORIZED] += 1
                     await sock.close(CLOSE_UNAUTHORIZED, "session missing, expired or unknown")

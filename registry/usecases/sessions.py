@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Protocol
 
 from registry.caches import FollowedCache
 from registry.changes import Change, ChangeLog, IdemKey, Outcome
@@ -22,6 +22,16 @@ from registry.signin import (
 )
 from registry.store import SessionRecord, SessionStore
 from registry.usecases.common import Principal, now_ms
+
+
+class LookupBudget(Protocol):
+    """What a session lookup in the database spends (`actors.ratelimiter.SessionLookups`)."""
+
+    def take(self) -> None:
+        """Before a lookup: take one, or raise to refuse it."""
+
+    def give_back(self) -> None:
+        """After a lookup that found a live session, or failed on our side."""
 
 
 class Sessions:
@@ -128,13 +138,12 @@ class Sessions:
         }
         return body, token
 
-    async def authenticate(
-        self, token: str, *, before_lookup: Callable[[], None] | None = None
-    ) -> Principal:
+    async def authenticate(self, token: str, *, lookups: LookupBudget | None = None) -> Principal:
         """The principal of `token`'s session (`Unauthorized` when there is none, or it has
-        expired). `before_lookup` runs when the session is not in this process's cache, before
-        the database is asked: it may refuse the lookup by raising."""
-        return await self.recheck_hash(hash_token(token), before_lookup)
+        expired). A session not in this process's cache is looked up in the database, within
+        `lookups` when given: it takes one before the lookup (and may refuse it by raising), and
+        has it back when the lookup finds a live session or fails on our side."""
+        return await self.recheck_hash(hash_token(token), lookups)
 
     async def recheck(self, principal: Principal) -> Principal:
         """The principal's session as it stands now (`Unauthorized` once it has expired or been
@@ -142,16 +151,23 @@ class Sessions:
         return await self.recheck_hash(principal.token_hash)
 
     async def recheck_hash(
-        self, token_hash: bytes, before_lookup: Callable[[], None] | None = None
+        self, token_hash: bytes, lookups: LookupBudget | None = None
     ) -> Principal:
         session = self.sessions.get(token_hash)
         if session is None:
-            if before_lookup is not None:
-                before_lookup()
+            if lookups is not None:
+                lookups.take()
             epoch = self.sessions.epoch
-            session = await self.store.get_session(token_hash)
+            try:
+                session = await self.store.get_session(token_hash)
+            except BaseException:
+                if lookups is not None:  # our failure, not the client's
+                    lookups.give_back()
+                raise
             if session is not None:
                 self.sessions.put(token_hash, session, epoch)
+                if lookups is not None and session.expires_at_ms > self.clock_ms():
+                    lookups.give_back()  # a live session: the lookup was no guess
         if session is None or session.expires_at_ms <= self.clock_ms():
             raise Unauthorized("session missing, expired or unknown", code="session_invalid")
         return Principal(session.principal, session.capabilities, session, token_hash)

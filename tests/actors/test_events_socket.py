@@ -128,7 +128,7 @@ class StubSessions:
     def __init__(self) -> None:
         self.revoked: set[bytes] = set()  # token hashes whose session has ended
 
-    async def authenticate(self, token: str) -> Principal:
+    async def authenticate(self, token: str, *, lookups: Any = None) -> Principal:
         await trio.lowlevel.checkpoint()
         if token not in self.TOKENS:
             raise Unauthorized("session missing, expired or unknown", code="session_invalid")

@@ -29,21 +29,20 @@ async def test_bucket_allows_per_minute_requests_at_once_then_refuses(
     )
 
 
-async def test_peek_says_what_acquire_would_and_takes_nothing(
+async def test_refund_gives_tokens_back_up_to_a_full_bucket(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     limiter = RateLimiter(RATES)
-    for _ in range(14):
+    for _ in range(15):
         assert limiter.acquire("write", "bob").allowed
-    for _ in range(3):
-        assert limiter.peek("write", "bob") == Decision(
-            allowed=True, limit=15, remaining=0, retry_after=0.0, reset_after=60.0
-        )
-    assert limiter.acquire("write", "bob").allowed  # the last token was still there
-    assert not limiter.peek("write", "bob").allowed
-    assert limiter.peek("write", "bob").retry_after == pytest.approx(4.0)
-    await trio.sleep(4)
-    assert limiter.peek("write", "bob").allowed
+    assert not limiter.acquire("write", "bob").allowed
+    limiter.refund("write", "bob")
+    assert limiter.acquire("write", "bob").allowed  # the token given back
+    assert not limiter.acquire("write", "bob").allowed
+    for _ in range(100):
+        limiter.refund("write", "bob")
+    decisions = [limiter.acquire("write", "bob") for _ in range(16)]
+    assert [d.allowed for d in decisions] == [True] * 15 + [False]  # never above full
 
 
 async def test_bucket_refills_at_the_exact_rate_in_virtual_time(

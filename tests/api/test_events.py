@@ -226,6 +226,50 @@ async def test_admin_only_kinds_need_an_admin_session(database_url: str, tmp_pat
     await with_harness(config, body)
 
 
+async def test_socket_logins_share_the_addresss_budget_of_failed_lookups(
+    database_url: str, tmp_path: Path
+) -> None:
+    """docs/limits.md, "Session tokens": once failed lookups from an address (here over HTTP)
+    have spent its bucket, an unknown token in an `auth` message is refused `read_rate_limited`
+    and one in the handshake closes 1013, neither looked up; a session the process knows still
+    authenticates."""
+    config = make_config(database_url, tmp_path, limits={"read_per_minute": 3})
+
+    async def body(h: Harness) -> None:
+        key = SigningKey.generate()
+        token = await sign_in(h.client, key)
+        client = anon_client(h)
+        assert (await client.get("/v1/auth/session", headers=bearer(token))).status_code == 200
+        store = h.service.deps.sessions.store
+        looked_up: list[bytes] = []
+        real = store.get_session
+
+        async def counted(token_hash: bytes) -> Any:
+            looked_up.append(token_hash)
+            return await real(token_hash)
+
+        store.get_session = counted  # type: ignore[method-assign]
+        for n in range(3):
+            r = await client.get("/v1/auth/session", headers=bearer(f"guess-{n}"))
+            assert r.status_code == 401
+        assert len(looked_up) == 3
+        async with client.websocket("/v1/events") as ws:
+            for n in range(5):
+                await ws.send(json.dumps({"type": "auth", "token": f"ws-guess-{n}"}))
+                refused = await receive(ws)
+                assert refused["type"] == "error", refused
+                assert refused["error"]["code"] == "read_rate_limited"
+            await ws.send(json.dumps({"type": "auth", "token": token}))
+            assert (await receive(ws))["principal"] == key.did
+        async with client.websocket(
+            "/v1/events", headers={"Authorization": "Bearer ws-guess"}
+        ) as ws:
+            assert await closed_with(ws) == 1013
+        assert len(looked_up) == 3
+
+    await with_harness(config, body)
+
+
 @pytest.mark.parametrize(
     "message",
     [

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 import trio_asyncio
 from quart.testing import QuartClient
 
@@ -105,6 +106,46 @@ async def test_guessed_tokens_stop_reaching_the_database_once_the_budget_is_spen
         r = await client.get("/v1/auth/session", headers=bearer(fresh))
         await error_of(r, 429, "read_rate_limited")
         assert int(r.headers["Retry-After"]) >= 1
+        assert len(looked_up) == 3
+
+    await with_harness(config, body)
+
+
+async def test_guesses_sent_at_once_cannot_all_reach_the_database(
+    database_url: str, tmp_path: Path
+) -> None:
+    """A lookup takes its token of the failed-lookups bucket before it is made: thirty guesses
+    at once, while the first lookups wait on the database, make three lookups, not thirty."""
+    config = make_config(database_url, tmp_path, limits={"read_per_minute": 3})
+
+    async def body(h: Harness) -> None:
+        client = _fresh_client(h)
+        store = h.service.deps.sessions.store
+        looked_up: list[bytes] = []
+        answered = trio.Event()
+        real = store.get_session
+
+        async def slow(token_hash: bytes) -> Any:
+            looked_up.append(token_hash)
+            await answered.wait()  # the database is slow to answer
+            return await real(token_hash)
+
+        store.get_session = slow  # type: ignore[method-assign]
+        statuses: list[int] = []
+
+        async def guess(n: int) -> None:
+            r = await client.get("/v1/auth/session", headers=bearer(f"guess-{n}"))
+            statuses.append(r.status_code)
+
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                for n in range(30):
+                    nursery.start_soon(guess, n)
+                await trio.testing.wait_all_tasks_blocked(cushion=0.05)
+                assert len(looked_up) == 3
+                assert statuses == [429] * 27
+                answered.set()
+        assert sorted(statuses) == [401] * 3 + [429] * 27
         assert len(looked_up) == 3
 
     await with_harness(config, body)
