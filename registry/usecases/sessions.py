@@ -142,7 +142,7 @@ class Sessions:
         """The principal of `token`'s session (`Unauthorized` when there is none, or it has
         expired). A session not in this process's cache is looked up in the database, within
         `lookups` when given: it takes one before the lookup (and may refuse it by raising), and
-        has it back when the lookup finds a live session or fails on our side."""
+        has it back when the lookup finds a live session or the database fails it."""
         return await self.recheck_hash(hash_token(token), lookups)
 
     async def recheck(self, principal: Principal) -> Principal:
@@ -160,8 +160,10 @@ class Sessions:
             epoch = self.sessions.epoch
             try:
                 session = await self.store.get_session(token_hash)
-            except BaseException:
-                if lookups is not None:  # our failure, not the client's
+            except Exception:
+                # The database's failure, not the client's. (Not a cancellation: a client that
+                # hangs up during its lookup has still had it made.)
+                if lookups is not None:
                     lookups.give_back()
                 raise
             if session is not None:

@@ -22,7 +22,7 @@ from registry.caches import FollowedCache
 from registry.changes import ChangeLog, IdemKey, Outcome
 from registry.coherence import Caches
 from registry.config import Config, load_config
-from registry.errors import Conflict, Forbidden, NotFound, Unauthorized
+from registry.errors import Conflict, Forbidden, NotFound, RateLimited, Unauthorized, Unavailable
 from registry.identity import DidKeyIdentity
 from registry.keys import SigningKey
 from registry.signin import build_response
@@ -207,3 +207,67 @@ async def test_concurrent_creates_of_one_did_give_exactly_one_entry(world: World
         "entry_exists",
     ]
     assert await world.store.log_head() == 1
+
+
+@dataclass
+class Budget:
+    """A `LookupBudget` that counts (actors.ratelimiter.SessionLookups is the real one)."""
+
+    taken: int = 0
+    given_back: int = 0
+    refusing: bool = False
+
+    def take(self) -> None:
+        if self.refusing:
+            raise RateLimited("spent", retry_after=1.0, limit=1, code="read_rate_limited")
+        self.taken += 1
+
+    def give_back(self) -> None:
+        self.given_back += 1
+
+
+async def test_a_session_lookup_spends_its_budget_only_when_it_finds_no_live_session(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, token = await sign_in(world, SigningKey.generate())
+    budget = Budget()
+    await world.sessions.authenticate(token, lookups=budget)
+    assert (budget.taken, budget.given_back) == (1, 1)  # a live session: no guess
+    with pytest.raises(Unauthorized):
+        await world.sessions.authenticate("a-guess", lookups=budget)
+    assert (budget.taken, budget.given_back) == (2, 1)
+    looked_up: list[bytes] = []
+    real = world.store.get_session
+
+    async def failing(token_hash: bytes) -> Any:
+        looked_up.append(token_hash)
+        raise Unavailable("the database did not answer in time")
+
+    monkeypatch.setattr(world.store, "get_session", failing)
+    with pytest.raises(Unavailable):
+        await world.sessions.authenticate("another", lookups=budget)
+    assert (budget.taken, budget.given_back) == (3, 2)  # the database's failure: given back
+
+    async def hanging(token_hash: bytes) -> Any:
+        looked_up.append(token_hash)
+        await trio.sleep_forever()
+
+    monkeypatch.setattr(world.store, "get_session", hanging)
+    with trio.move_on_after(5):  # the client hangs up during the lookup
+        await world.sessions.authenticate("a-third", lookups=budget)
+    assert (budget.taken, budget.given_back) == (4, 2)  # made, so spent
+
+    async def counted(token_hash: bytes) -> Any:
+        looked_up.append(token_hash)
+        return await real(token_hash)
+
+    monkeypatch.setattr(world.store, "get_session", counted)
+    budget.refusing = True
+    calls = len(looked_up)
+    with pytest.raises(RateLimited):
+        await world.sessions.authenticate("refused", lookups=budget)
+    assert len(looked_up) == calls  # refused before the lookup
+    budget.refusing = False
+    with pytest.raises(Unauthorized):
+        await world.sessions.authenticate("refused", lookups=budget)
+    assert len(looked_up) == calls + 1
