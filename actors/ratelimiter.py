@@ -39,16 +39,21 @@ class SessionLookups:
     cache does not hold): each lookup takes a token of its address's failed-lookups bucket
     *before* it is made, so guesses sent at once cannot all pass while the first are looked
     up; a lookup that finds a live session gives it back. Once the bucket is empty, `take`
-    refuses with `RateLimited(code)`, and no lookup is made (`Sessions.authenticate`)."""
+    refuses with `RateLimited(code)`, and no lookup is made (`Sessions.authenticate`). The
+    refusal's `Retry-After` and limit are this bucket's; its code is the caller's (the route's
+    class over HTTP), and `refused` says that it came from here."""
 
     def __init__(self, limiter: RateLimiter, address: str, code: str) -> None:
         self._limiter = limiter
         self._key = FAILED_SESSIONS + address
         self._code = code
 
+    refused = False
+
     def take(self) -> None:
         decision = self._limiter.acquire(FAILED_SESSIONS_CLASS, self._key)
         if not decision.allowed:
+            self.refused = True
             raise RateLimited(
                 "too many failed session lookups from this address",
                 retry_after=decision.retry_after,

@@ -243,6 +243,9 @@ def _paying_database_time(d: Deps, ctx: Ctx, klass: str, address: str) -> Iterat
             d.limiter.charge(DB_TIME_CLASS, address, meter.seconds * 1000)
 
 
+SESSION_LOOKUPS_BUCKET = "session_lookups"  # registry_rate_limited_total's label for them
+
+
 def rate_headers(decision: Decision, headers: Any) -> None:
     headers["RateLimit-Limit"] = str(decision.limit)
     headers["RateLimit-Remaining"] = str(decision.remaining)
@@ -289,6 +292,10 @@ def endpoint(
                         )
                         try:
                             ctx.principal = await d.sessions.authenticate(token, lookups=lookups)
+                        except RateLimited:
+                            if lookups.refused:  # counted apart (api/observe.py)
+                                g.rate_class = SESSION_LOOKUPS_BUCKET
+                            raise
                         except Unauthorized:
                             # Failed attempts also spend the client address's bucket: guessing
                             # tokens is throttled like any other traffic.

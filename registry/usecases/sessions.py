@@ -31,7 +31,7 @@ class LookupBudget(Protocol):
         """Before a lookup: take one, or raise to refuse it."""
 
     def give_back(self) -> None:
-        """After a lookup that found a live session, or failed on our side."""
+        """After a lookup that found a live session."""
 
 
 class Sessions:
@@ -142,7 +142,7 @@ class Sessions:
         """The principal of `token`'s session (`Unauthorized` when there is none, or it has
         expired). A session not in this process's cache is looked up in the database, within
         `lookups` when given: it takes one before the lookup (and may refuse it by raising), and
-        has it back when the lookup finds a live session or the database fails it."""
+        has it back when the lookup finds a live session."""
         return await self.recheck_hash(hash_token(token), lookups)
 
     async def recheck(self, principal: Principal) -> Principal:
@@ -158,18 +158,13 @@ class Sessions:
             if lookups is not None:
                 lookups.take()
             epoch = self.sessions.epoch
-            try:
-                session = await self.store.get_session(token_hash)
-            except Exception:
-                # The database's failure, not the client's. (Not a cancellation: a client that
-                # hangs up during its lookup has still had it made.)
-                if lookups is not None:
-                    lookups.give_back()
-                raise
+            # Spent unless the lookup finds a live session: a lookup that fails (the database
+            # timed out: it may well have run the query) or whose client hangs up has been made.
+            session = await self.store.get_session(token_hash)
             if session is not None:
-                self.sessions.put(token_hash, session, epoch)
                 if lookups is not None and session.expires_at_ms > self.clock_ms():
                     lookups.give_back()  # a live session: the lookup was no guess
+                self.sessions.put(token_hash, session, epoch)
         if session is None or session.expires_at_ms <= self.clock_ms():
             raise Unauthorized("session missing, expired or unknown", code="session_invalid")
         return Principal(session.principal, session.capabilities, session, token_hash)

@@ -19,6 +19,8 @@ from tests.api.api_support import error_of, with_harness
 from tests.conftest import Harness, make_config, open_harness
 from tests.helpers import bearer, idem, sign_in, signed_entry
 
+JSON_TYPE = {"Content-Type": "application/json"}
+
 
 def _fresh_client(h: Harness) -> QuartClient:
     client = h.client.app.test_client()
@@ -97,6 +99,17 @@ async def test_guessed_tokens_stop_reaching_the_database_once_the_budget_is_spen
         ]
         assert statuses == [401, 401, 401, 429, 429, 429]
         assert len(looked_up) == 3
+        # A write route's refusal: its class's code, the failed lookups' Retry-After.
+        r = await client.post(
+            "/v1/entries", json={}, headers=bearer("guess-w", **idem(), **JSON_TYPE)
+        )
+        await error_of(r, 429, "write_rate_limited")
+        assert 1 <= int(r.headers["Retry-After"]) <= 20  # the read rate: 3 a minute
+        assert len(looked_up) == 3
+        refused = h.service.deps.metrics.registry.get_sample_value(
+            "registry_rate_limited_total", {"bucket": "session_lookups"}
+        )
+        assert refused == 4
         r = await client.get("/v1/auth/session", headers=bearer(token))
         assert r.status_code == 200, await r.get_data()
         assert len(looked_up) == 3
@@ -147,6 +160,38 @@ async def test_guesses_sent_at_once_cannot_all_reach_the_database(
                 answered.set()
         assert sorted(statuses) == [401] * 3 + [429] * 27
         assert len(looked_up) == 3
+
+    await with_harness(config, body)
+
+
+async def test_guesses_that_hang_up_during_their_lookup_still_spend_it(
+    database_url: str, tmp_path: Path
+) -> None:
+    """A client that hangs up while its token is looked up has had the lookup made: it is not
+    given back, or guesses that hang up at once would never run out."""
+    config = make_config(database_url, tmp_path, limits={"read_per_minute": 3})
+
+    async def body(h: Harness) -> None:
+        client = _fresh_client(h)
+        store = h.service.deps.sessions.store
+        looked_up: list[bytes] = []
+        hanging_up: list[trio.CancelScope] = []
+
+        async def hung_up_during(token_hash: bytes) -> Any:
+            looked_up.append(token_hash)
+            hanging_up[-1].cancel()  # the client goes away while the query runs
+            await trio.sleep_forever()
+
+        store.get_session = hung_up_during  # type: ignore[method-assign]
+        statuses: list[int] = []
+        with trio.fail_after(30):
+            for n in range(6):
+                with trio.CancelScope() as request:
+                    hanging_up.append(request)
+                    r = await client.get("/v1/auth/session", headers=bearer(f"guess-{n}"))
+                    statuses.append(r.status_code)
+        assert len(looked_up) == 3
+        assert statuses == [429, 429, 429]
 
     await with_harness(config, body)
 

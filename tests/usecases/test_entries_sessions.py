@@ -246,7 +246,7 @@ async def test_a_session_lookup_spends_its_budget_only_when_it_finds_no_live_ses
     monkeypatch.setattr(world.store, "get_session", failing)
     with pytest.raises(Unavailable):
         await world.sessions.authenticate("another", lookups=budget)
-    assert (budget.taken, budget.given_back) == (3, 2)  # the database's failure: given back
+    assert (budget.taken, budget.given_back) == (3, 1)  # a timeout may have run the query
 
     async def hanging(token_hash: bytes) -> Any:
         looked_up.append(token_hash)
@@ -255,7 +255,7 @@ async def test_a_session_lookup_spends_its_budget_only_when_it_finds_no_live_ses
     monkeypatch.setattr(world.store, "get_session", hanging)
     with trio.move_on_after(5):  # the client hangs up during the lookup
         await world.sessions.authenticate("a-third", lookups=budget)
-    assert (budget.taken, budget.given_back) == (4, 2)  # made, so spent
+    assert (budget.taken, budget.given_back) == (4, 1)  # made, so spent
 
     async def counted(token_hash: bytes) -> Any:
         looked_up.append(token_hash)
