@@ -252,3 +252,33 @@ def test_shutdown_closes_idle_connections_at_once_and_a_busy_one_after_its_answe
         idle.close()
         busy.close()
         second.close()
+
+
+def test_each_request_of_a_kept_alive_connection_is_answered_for_its_own_head(
+    server: Server,
+) -> None:
+    """The app reads each request's head from that request's ASGI scope (api/headers.py):
+    nothing of one request (its X-Request-Id, its unread body) carries into the next on the
+    same connection."""
+    sock = connect(server.url)
+    sock.sendall(
+        b"GET /v1/health HTTP/1.1\r\nHost: r\r\nX-Request-Id: mine-1\r\n\r\n"
+        b"GET /v1/health HTTP/1.1\r\nHost: r\r\n\r\n"
+        b"POST /v1/nope HTTP/1.1\r\nHost: r\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"2\r\n{}\r\n0\r\n\r\n"
+    )
+    data, closed = read_until_closed(sock, limit=10)
+    sock.close()
+    answers = [a for a in data.split(b"HTTP/1.1 ")[1:]]
+    assert [a[:3] for a in answers] == [b"200", b"200", b"404"], data
+    heads = [dict(_header_lines(a)) for a in answers]
+    assert heads[0]["x-request-id"] == "mine-1"
+    assert heads[1]["x-request-id"] not in ("", "mine-1")
+    assert "connection" not in heads[1]
+    assert heads[2]["connection"] == "close"  # its chunked body was never read
+    assert closed
+
+
+def _header_lines(answer: bytes) -> list[tuple[str, str]]:
+    head = answer.split(b"\r\n\r\n", 1)[0].decode("latin-1").split("\r\n")[1:]
+    return [(n.strip().lower(), v.strip()) for n, _, v in (line.partition(":") for line in head)]
