@@ -47,8 +47,7 @@ class SessionLookups:
         self._limiter = limiter
         self._key = FAILED_SESSIONS + address
         self._code = code
-
-    refused = False
+        self.refused = False  # `take` refused (a 429 of this budget, not of the route's)
 
     def take(self) -> None:
         decision = self._limiter.acquire(FAILED_SESSIONS_CLASS, self._key)

@@ -281,15 +281,14 @@ def endpoint(
                         f"body exceeds the admission limit of {limit} bytes",
                         details={"limitBytes": limit},
                     )
+                address = client_address(d.config)
                 if auth != "none":
                     token = bearer_token()
                     if token is not None:
                         # A token the process does not know costs the database a lookup:
                         # within the address's budget of failed lookups (docs/limits.md,
                         # "Session tokens").
-                        lookups = SessionLookups(
-                            d.limiter, client_address(d.config), f"{klass}_rate_limited"
-                        )
+                        lookups = SessionLookups(d.limiter, address, f"{klass}_rate_limited")
                         try:
                             ctx.principal = await d.sessions.authenticate(token, lookups=lookups)
                         except RateLimited:
@@ -299,7 +298,7 @@ def endpoint(
                         except Unauthorized:
                             # Failed attempts also spend the client address's bucket: guessing
                             # tokens is throttled like any other traffic.
-                            ctx.decision = d.limiter.acquire(klass, client_address(d.config))
+                            ctx.decision = d.limiter.acquire(klass, address)
                             if not ctx.decision.allowed:
                                 raise RateLimited(
                                     f"{klass} rate limit exceeded",
@@ -310,7 +309,6 @@ def endpoint(
                             raise
                     elif auth == "required":
                         raise Unauthorized("a session is required", code="session_missing")
-                address = client_address(d.config)
                 address_class = _BY_ADDRESS.get(klass)
                 if address_class is not None:
                     # Keys cost nothing to make: every write and query also spends its client

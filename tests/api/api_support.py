@@ -139,3 +139,20 @@ async def total_versions(h: Harness, did: str) -> int:
     r = await versions(h, did)
     assert r.status_code == 200, await r.get_data()
     return int((await r.get_json())["totalCount"])
+
+
+def count_session_lookups(
+    h: Harness, answer: Callable[[bytes], Awaitable[Any]] | None = None
+) -> list[bytes]:
+    """From now on, each session lookup the harness's process makes in its store is recorded
+    (the token hash) and answered by `answer`, or by the store as before."""
+    store = h.service.deps.sessions.store
+    looked_up: list[bytes] = []
+    answer = answer or store.get_session
+
+    async def counted(token_hash: bytes) -> Any:
+        looked_up.append(token_hash)
+        return await answer(token_hash)
+
+    store.get_session = counted  # type: ignore[method-assign]
+    return looked_up

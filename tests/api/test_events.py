@@ -17,7 +17,13 @@ import trio
 from quart.testing.connections import WebsocketDisconnectError, WebsocketResponseError
 
 from registry.keys import SigningKey
-from tests.api.api_support import anon_client, create, updated, with_harness
+from tests.api.api_support import (
+    anon_client,
+    count_session_lookups,
+    create,
+    updated,
+    with_harness,
+)
 from tests.conftest import Harness, make_config
 from tests.helpers import bearer, idem, sign_in, signed_entry
 
@@ -240,15 +246,7 @@ async def test_socket_logins_share_the_addresss_budget_of_failed_lookups(
         token = await sign_in(h.client, key)
         client = anon_client(h)
         assert (await client.get("/v1/auth/session", headers=bearer(token))).status_code == 200
-        store = h.service.deps.sessions.store
-        looked_up: list[bytes] = []
-        real = store.get_session
-
-        async def counted(token_hash: bytes) -> Any:
-            looked_up.append(token_hash)
-            return await real(token_hash)
-
-        store.get_session = counted  # type: ignore[method-assign]
+        looked_up = count_session_lookups(h)
         for n in range(3):
             r = await client.get("/v1/auth/session", headers=bearer(f"guess-{n}"))
             assert r.status_code == 401

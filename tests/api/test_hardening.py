@@ -15,7 +15,7 @@ from quart.testing import QuartClient
 from registry.config import ConfigError
 from registry.keys import SigningKey
 from registry.store.pg import open_pg_store
-from tests.api.api_support import error_of, with_harness
+from tests.api.api_support import count_session_lookups, error_of, with_harness
 from tests.conftest import Harness, make_config, open_harness
 from tests.helpers import bearer, idem, sign_in, signed_entry
 
@@ -84,15 +84,7 @@ async def test_guessed_tokens_stop_reaching_the_database_once_the_budget_is_spen
         token = await sign_in(h.client, SigningKey.generate())
         client = _fresh_client(h)
         assert (await client.get("/v1/auth/session", headers=bearer(token))).status_code == 200
-        store = h.service.deps.sessions.store
-        looked_up: list[bytes] = []
-        real = store.get_session
-
-        async def counted(token_hash: bytes) -> Any:
-            looked_up.append(token_hash)
-            return await real(token_hash)
-
-        store.get_session = counted  # type: ignore[method-assign]
+        looked_up = count_session_lookups(h)
         statuses = [
             (await client.get("/v1/auth/session", headers=bearer(f"guess-{n}"))).status_code
             for n in range(6)
@@ -133,17 +125,14 @@ async def test_guesses_sent_at_once_cannot_all_reach_the_database(
 
     async def body(h: Harness) -> None:
         client = _fresh_client(h)
-        store = h.service.deps.sessions.store
-        looked_up: list[bytes] = []
         answered = trio.Event()
-        real = store.get_session
+        real = h.service.deps.sessions.store.get_session
 
         async def slow(token_hash: bytes) -> Any:
-            looked_up.append(token_hash)
             await answered.wait()  # the database is slow to answer
             return await real(token_hash)
 
-        store.get_session = slow  # type: ignore[method-assign]
+        looked_up = count_session_lookups(h, slow)
         statuses: list[int] = []
 
         async def guess(n: int) -> None:
@@ -173,16 +162,13 @@ async def test_guesses_that_hang_up_during_their_lookup_still_spend_it(
 
     async def body(h: Harness) -> None:
         client = _fresh_client(h)
-        store = h.service.deps.sessions.store
-        looked_up: list[bytes] = []
         hanging_up: list[trio.CancelScope] = []
 
         async def hung_up_during(token_hash: bytes) -> Any:
-            looked_up.append(token_hash)
             hanging_up[-1].cancel()  # the client goes away while the query runs
             await trio.sleep_forever()
 
-        store.get_session = hung_up_during  # type: ignore[method-assign]
+        looked_up = count_session_lookups(h, hung_up_during)
         statuses: list[int] = []
         with trio.fail_after(30):
             for n in range(6):
