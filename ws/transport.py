@@ -304,7 +304,7 @@ class FrameStream(trio.abc.HalfCloseableStream):
         self._queue(memoryview(data)[sent:])
         return False
 
-    def _write(self, data: bytes | memoryview) -> int:
+    def _write(self, data: bytes | bytearray | memoryview) -> int:
         """As much of `data` as the kernel takes now (0 when it takes nothing)."""
         try:
             sent = os.write(self._fd, data)
@@ -389,6 +389,15 @@ class FrameStream(trio.abc.HalfCloseableStream):
                 self._renew_read_deadline()
         elif data[:1] == b"\x88":  # a close frame, Hypercorn's or ours:
             self.sealed = True  # the event fan-out stops before it, not after
+        if not self._pending and not self._lock.locked() and not self._closed and not self.broken:
+            # Nothing queued and no write under way: straight to the socket, as the locked path
+            # below would write it, without the lock's cost (most answers go out this way).
+            await trio.lowlevel.checkpoint_if_cancelled()
+            sent = self._write(data)
+            if sent == len(data):
+                await trio.lowlevel.cancel_shielded_checkpoint()
+                return
+            data = data[sent:]  # the rest is queued first; nothing can slip in before it
         async with self._lock:
             self._queue(bytes(data))
             await self._flush_locked(self.limits.send_timeout if self.limits else None)

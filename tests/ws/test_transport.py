@@ -117,6 +117,32 @@ async def test_flush_waits_until_everything_offered_is_with_the_kernel() -> None
         assert stream.offer(b"!") is True  # nothing pending: straight to the socket again
 
 
+async def test_a_write_the_socket_takes_in_part_keeps_its_rest_ahead_of_later_offers() -> None:
+    # Nothing pending: send_all writes straight to the socket; what the socket does not take
+    # is queued first, and an offer made while the write waits goes after it.
+    big = bytes(range(256)) * 1024
+    async with socket_pair() as (stream, peer):
+        received: list[bytes] = []
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(stream.send_all, big)
+            await trio.testing.wait_all_tasks_blocked()
+            assert 0 < stream.pending_bytes < len(big)  # written in part, the rest waits
+            assert stream.offer(b"after") is False
+            received.append(await read_exactly(peer, len(big) + len(b"after")))
+        assert received == [big + b"after"]
+        assert stream.pending_bytes == 0
+
+
+async def test_a_write_cancelled_before_it_starts_sends_nothing() -> None:
+    async with socket_pair() as (stream, peer):
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            await stream.send_all(b"never")
+        assert scope.cancelled_caught
+        await stream.send_all(b"sent")
+        assert await read_exactly(peer, 4) == b"sent"
+
+
 async def test_abort_ends_a_write_that_waits_for_a_client_that_reads_nothing() -> None:
     async with socket_pair() as (stream, _peer):
         stream.offer(b"y" * 100_000)
