@@ -88,12 +88,15 @@ class Ctx:
     decision: Decision | None = None
     extra_headers: dict[str, str] = field(default_factory=dict)
     _parsed: Any = None
+    _plain: bool = False  # json.dumps of the parsed body is its JCS (canonical.parse_document)
     _members: dict[str, str] | None = None
 
     def json(self) -> Any:
         """The body under the I-JSON rules, parsed once."""
         if self._parsed is None:
-            self._parsed = parse_json(self.body)
+            if not self.body:
+                raise Invalid("a JSON body is required", code="invalid_json")
+            self._parsed, self._plain = canonical.parse_document(self.body)
         return self._parsed
 
     def members(self) -> dict[str, str] | None:
@@ -104,14 +107,8 @@ class Ctx:
             data = self.json()
             if not isinstance(data, dict):
                 return None
-            self._members = canonical.canonical_members(data)
+            self._members = canonical.canonical_members(data, plain=self._plain)
         return self._members
-
-
-def parse_json(body: bytes) -> Any:
-    if not body:
-        raise Invalid("a JSON body is required", code="invalid_json")
-    return canonical.parse_strict(body)
 
 
 _ID_PREFIX = secrets.token_hex(4)  # per process: ids are unique across a deployment's nodes

@@ -10,6 +10,7 @@ and `Idempotent-Replayed: true` on either when it is the key's recorded outcome.
 from __future__ import annotations
 
 import hashlib
+import re
 
 from quart import Response, request
 
@@ -22,6 +23,7 @@ from registry.errors import Invalid
 HEADER = "Idempotency-Key"
 SEQUENCE_HEADER = "Registry-Sequence"
 _HEADER_NAME = HEADER.lower().encode()
+_KEY = re.compile("[\x21-\x7e]{1,255}")  # visible ASCII, no space
 
 
 def idem_key(ctx: Ctx, operation: str, *, scope: str | None = None) -> IdemKey:
@@ -31,7 +33,7 @@ def idem_key(ctx: Ctx, operation: str, *, scope: str | None = None) -> IdemKey:
     key = header(_HEADER_NAME)
     if key is None or key == "":
         raise Invalid(f"the {HEADER} header is required", code="idempotency_key_required")
-    if len(key) > 255 or not all("\x21" <= c <= "\x7e" for c in key):
+    if _KEY.fullmatch(key) is None:
         raise Invalid(
             f"{HEADER} must be 1-255 visible ASCII characters", code="idempotency_key_invalid"
         )

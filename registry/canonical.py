@@ -24,6 +24,7 @@ import hashlib
 import json
 import math
 import re
+import threading
 from typing import Any
 
 from registry.errors import Invalid
@@ -95,6 +96,8 @@ def _parse_float(literal: str) -> float:
             "unsafe_integer",
             f"number {literal[:40]} is an integer outside ±(2^53-1) and cannot be signed exactly",
         )
+    if not _plain_float(value):
+        _parsing.plain = False
     return value
 
 
@@ -153,6 +156,20 @@ def _may_break_a_tree_rule(text: str, *, decoded: bool) -> bool:
 
 def parse_strict(raw: bytes | str) -> JSONValue:
     """Parse one JSON text under the I-JSON rules; raise `Invalid` naming what was wrong."""
+    return parse_document(raw)[0]
+
+
+# Whether the parse under way has met a float that `json.dumps` does not write as JCS does
+# (`_parse_float`). A parse runs without a yield, but threads may each run one.
+_parsing = threading.local()
+
+
+def parse_document(raw: bytes | str) -> tuple[JSONValue, bool]:
+    """`parse_strict`, and whether `json.dumps(sort_keys)` of the value is already its JCS
+    (what `_plain` tells by a walk of the tree), told from the parse: every integer the parser
+    takes is safe, its float hook sees each float, and a member name above the BMP needs a
+    character above the BMP in the text, raw or as an escaped surrogate pair.
+    `canonical_members(value, plain=...)` takes it."""
     try:
         text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
     except UnicodeDecodeError:
@@ -165,9 +182,11 @@ def parse_strict(raw: bytes | str) -> JSONValue:
             code="invalid_json",
             details={"rule": "byte_order_mark"},
         )
+    _parsing.plain = True
     try:
         value = _DECODER.decode(text)
-        if _may_break_a_tree_rule(text, decoded=isinstance(raw, bytes)):
+        walked = _may_break_a_tree_rule(text, decoded=isinstance(raw, bytes))
+        if walked:
             _check_tree(value, 0)
     except _Rejected as exc:
         details = {"rule": exc.code}
@@ -186,12 +205,17 @@ def parse_strict(raw: bytes | str) -> JSONValue:
             code="invalid_json",
             details={"line": exc.lineno, "column": exc.colno},
         ) from None
-    return value
+    # A character above the BMP comes raw, or escaped as a surrogate pair (which sends the text
+    # to the walk: any surrogate escape does).
+    plain = (
+        bool(_parsing.plain) and not walked and (text.isascii() or _NON_BMP.search(text) is None)
+    )
+    return value, plain
 
 
 # --- JCS (RFC 8785) -------------------------------------------------------------------------
 
-_encode_string = json.JSONEncoder(ensure_ascii=False).encode
+_encode_string = json.encoder.encode_basestring  # JSON text of a str, not escaping non-ASCII
 
 
 def _format_number(value: float | int) -> str:
@@ -291,29 +315,61 @@ def _plain(value: Any) -> bool:
     if isinstance(value, list | tuple):  # _emit writes a tuple as an array too
         return all(_plain(item) for item in value)
     if isinstance(value, float):
-        text = float.__repr__(value)  # what json.dumps writes, whatever a subclass says
-        return math.isfinite(value) and "e" not in text and not text.endswith(".0")
+        return _plain_float(value)
     if isinstance(value, int) and not isinstance(value, bool):
         return -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER
     return True
 
 
+def _plain_float(value: float) -> bool:
+    text = float.__repr__(value)  # what json.dumps writes, whatever a subclass says
+    return math.isfinite(value) and "e" not in text and not text.endswith(".0")
+
+
 def canonicalize(value: JSONValue) -> bytes:
     """The JCS (RFC 8785) UTF-8 bytes of a parsed JSON value."""
+    return _canonical_text(value).encode("utf-8")
+
+
+def _canonical_text(value: JSONValue) -> str:
     if _plain(value):
-        return _fast_dumps(value).encode("utf-8")
+        return _plain_text(value)
     out: list[str] = []
     _emit(value, out)
-    return "".join(out).encode("utf-8")
+    return "".join(out)
 
 
-def canonical_members(obj: dict[str, Any]) -> dict[str, str]:
+# `json.dumps(sort_keys=True)`'s encoder, made once (JSONEncoder makes one for each call), and
+# without its check for cycles: a JSON value has none (and `_plain` never returns on one).
+_make_encoder: Any = getattr(json.encoder, "c_make_encoder", None)  # None: no C accelerator
+_plain_encoder = (
+    None
+    if _make_encoder is None
+    else _make_encoder(
+        None, json.JSONEncoder().default, _encode_string, None, ":", ",", True, False, False
+    )
+)
+
+
+def _plain_text(value: JSONValue) -> str:
+    """`json.dumps(value, sort_keys=True)` in JCS's separators: JCS of a `_plain` value."""
+    if isinstance(value, str):
+        return _encode_string(value)
+    if _plain_encoder is None:
+        return _fast_dumps(value)
+    return "".join(_plain_encoder(value, 0))
+
+
+def canonical_members(obj: dict[str, Any], *, plain: bool = False) -> dict[str, str]:
     """JCS text of each member value of an object: the pieces of its JCS form.
 
     `join_members` reassembles them, so a caller that needs JCS of several sub-selections of one
     object (a signed payload, a stored form, a hash of one member) canonicalises each value once.
+    `plain`: the object is known to be `_plain` (`parse_document` said so).
     """
-    return {key: canonicalize(value).decode("utf-8") for key, value in obj.items()}
+    if plain:
+        return {key: _plain_text(value) for key, value in obj.items()}
+    return {key: _canonical_text(value) for key, value in obj.items()}
 
 
 def _member_order(keys: Any) -> list[str]:

@@ -21,8 +21,11 @@ from registry import canonical
 from registry.canonical import (
     MAX_DEPTH,
     MAX_SAFE_INTEGER,
+    canonical_members,
     canonicalize,
     item_data_hash,
+    join_members,
+    parse_document,
     parse_strict,
 )
 from registry.errors import Invalid
@@ -365,6 +368,57 @@ _safe_floats = st.floats(
 @given(_json(_any_finite))
 def test_canonicalize_equals_the_jcs_reference_implementation(value: Any) -> None:
     assert canonicalize(value) == jcs.canonicalize(value)
+
+
+def _written(value: Any, style: int) -> str:
+    """A JSON text of `value` as a client might write it: compact, spaced, or ASCII-escaped."""
+    if style == 0:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    if style == 1:
+        return json.dumps(value, ensure_ascii=False, indent=1)
+    return json.dumps(value)  # \uXXXX escapes, surrogate pairs for characters above the BMP
+
+
+# The doubles the parser takes: within ±(2^53-1) or of magnitude 1e21 and more.
+_parseable_floats = (
+    _safe_floats
+    | st.floats(min_value=1e21, allow_infinity=False)
+    | st.floats(max_value=-1e21, allow_infinity=False)
+)
+
+
+@given(st.dictionaries(_keys, _json(_parseable_floats), max_size=6), st.integers(0, 2))
+def test_members_made_with_the_parses_word_are_the_reference_jcs(
+    value: dict[str, Any], style: int
+) -> None:
+    # parse_document tells from the parse whether json.dumps already writes JCS (no walk);
+    # wherever it says so wrongly, a member's text differs from the reference's.
+    text = _written(value, style)
+    if _has_nul(value):
+        return  # refused by the parser (PostgreSQL cannot store U+0000)
+    for raw in (text, text.encode()):
+        parsed, plain = parse_document(raw)
+        members = canonical_members(parsed, plain=plain)
+        assert members == {k: jcs.canonicalize(v).decode() for k, v in parsed.items()}
+        assert join_members(members).encode() == jcs.canonicalize(parsed)
+
+
+@pytest.mark.parametrize(
+    ("text", "plain"),
+    [
+        ('{"a":[1,0.5,"\\u00e9"]}', True),
+        ('{"a":2.0}', False),  # json.dumps writes "2.0", JCS "2"
+        ('{"a":[{"b":1e-7}]}', False),  # "1e-07" against "1e-7"
+        ('{"a":1e21}', False),
+        ('{"\\ud83d\\ude00":1,"b":2}', False),  # a key above the BMP: UTF-16 order
+        ('{"b":"\\ud83d\\ude00"}', False),  # above the BMP anywhere: not told apart from a key
+        ('{"b":"😀"}', False),
+        ("[1,2]", True),
+    ],
+)
+def test_the_parse_says_where_json_dumps_is_not_jcs(text: str, plain: bool) -> None:
+    assert parse_document(text)[1] is plain
+    assert parse_document(text.encode())[1] is plain
 
 
 @given(st.dictionaries(_keys, _safe_ints | st.text(_chars, max_size=4), max_size=8))
