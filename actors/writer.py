@@ -1,11 +1,11 @@
 """The writer actor: group commit of every change, through the one append path.
 
 Theory of operation: use-cases call `Writer.append(change, idem)`, which queues the change with
-a one-shot reply channel and waits. The actor's task takes every change queued at that moment
-(up to `max_batch`), applies them with one `Store.append` call (one round trip, one transaction,
-one commit) and answers each caller with its own `Outcome`. When the service is idle a batch is
-a single change and nothing waits longer than before; under load the per-change cost of crossing
-into asyncpg, committing and holding the log head is shared by the batch.
+a one-shot reply (an event and its result) and waits. The actor's task takes every change queued
+at that moment (up to `max_batch`), applies them with one `Store.append` call (one round trip,
+one transaction, one commit) and answers each caller with its own `Outcome`. When the service is
+idle a batch is a single change and nothing waits longer than before; under load the per-change
+cost of crossing into asyncpg, committing and holding the log head is shared by the batch.
 
 Failures: a refusal of one change (entry exists, sequence conflict, ...) is that caller's outcome
 only. If the batch fails because the database refused a value (`Invalid`, e.g. a character it
@@ -20,7 +20,6 @@ skipped when its answer comes. Closing every handle's send side stops the actor.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from dataclasses import dataclass, field
 
@@ -39,11 +38,32 @@ log = logging.getLogger(__name__)
 BUFFER = 1024
 
 
+class _Reply:
+    """A caller's answer: given once by the actor, awaited by the caller (lighter than a
+    channel pair per append). A caller that gave up leaves it unread."""
+
+    __slots__ = ("_given", "result")
+
+    def __init__(self) -> None:
+        self._given = trio.Event()
+        self.result: Outcome | RegistryError | None = None
+
+    def give(self, result: Outcome | RegistryError) -> None:
+        if not self._given.is_set():
+            self.result = result
+            self._given.set()
+
+    async def wait(self) -> Outcome | RegistryError:
+        await self._given.wait()
+        assert self.result is not None
+        return self.result
+
+
 @dataclass(frozen=True)
 class _Append:
     change: Change
     idem: IdemKey | None
-    reply: trio.MemorySendChannel[Outcome | RegistryError]
+    reply: _Reply
 
 
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -68,10 +88,9 @@ class Writer:
 
     async def append(self, change: Change, idem: IdemKey | None) -> Outcome:
         """Append `change` in the next batch; the `registry.changes.Append` contract."""
-        reply, answer = trio.open_memory_channel[Outcome | RegistryError](1)
-        async with answer:
-            await self._send.send(_Append(change, idem, reply))
-            result = await answer.receive()
+        reply = _Reply()
+        await self._send.send(_Append(change, idem, reply))
+        result = await reply.wait()
         if isinstance(result, RegistryError):
             raise result
         return result
@@ -122,9 +141,9 @@ async def run_writer(
 
 
 def _answer(item: _Append, result: Outcome | RegistryError) -> None:
-    # A caller that gave up (cancelled) is skipped; its outcome stays recorded under its key.
-    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-        item.reply.send_nowait(result)
+    # A caller that gave up (cancelled) does not read it; its outcome stays recorded under its
+    # key.
+    item.reply.give(result)
 
 
 async def _write_batch(store: LogStore, batch: list[_Append], stats: WriterStats) -> None:
