@@ -397,7 +397,12 @@ class FrameStream(trio.abc.HalfCloseableStream):
             if sent == len(data):
                 await trio.lowlevel.cancel_shielded_checkpoint()
                 return
-            data = data[sent:]  # the rest is queued first; nothing can slip in before it
+            # The rest is queued before anything can run (taking the lock lets other tasks
+            # run): an offer made meanwhile goes after it, never into the middle of a frame.
+            self._queue(bytes(data[sent:]))
+            async with self._lock:
+                await self._flush_locked(self.limits.send_timeout if self.limits else None)
+            return
         async with self._lock:
             self._queue(bytes(data))
             await self._flush_locked(self.limits.send_timeout if self.limits else None)

@@ -133,6 +133,28 @@ async def test_a_write_the_socket_takes_in_part_keeps_its_rest_ahead_of_later_of
         assert stream.pending_bytes == 0
 
 
+async def test_an_offer_made_while_a_partial_write_takes_the_lock_goes_after_its_rest() -> None:
+    # The window a review found: the socket took part of a frame, and the writer is taking the
+    # lock (a checkpoint: other tasks run). An offer then must not land inside the frame.
+    # Which task runs first is trio's random choice, so the race is run many times.
+    big = bytes(range(256)) * 1024
+    for _ in range(20):
+        async with socket_pair() as (stream, peer):
+
+            async def offer_once_the_lock_is_taken(stream: FrameStream = stream) -> None:
+                for _ in range(100):
+                    if stream._lock.locked():
+                        break
+                    await trio.lowlevel.cancel_shielded_checkpoint()
+                stream.offer(b"EVENT")
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(stream.send_all, big)
+                nursery.start_soon(offer_once_the_lock_is_taken)
+                received = await read_exactly(peer, len(big) + len(b"EVENT"))
+            assert received == big + b"EVENT"
+
+
 async def test_a_write_cancelled_before_it_starts_sends_nothing() -> None:
     async with socket_pair() as (stream, peer):
         with trio.CancelScope() as scope:
