@@ -130,14 +130,33 @@ async def run_writer(
     stats = WriterStats()
     async with receive:
         task_status.started(Writer(send, stats))
-        async for first in receive:
-            batch = [first]
-            while len(batch) < max_batch:
-                try:
-                    batch.append(receive.receive_nowait())
-                except trio.WouldBlock:
-                    break
-            await _write_batch(store, batch, stats)
+        try:
+            async for first in receive:
+                batch = [first]
+                while len(batch) < max_batch:
+                    try:
+                        batch.append(receive.receive_nowait())
+                    except trio.WouldBlock:
+                        break
+                await _write_batch(store, batch, stats)
+        except BaseException:  # stopped: what is still queued was never written
+            _interrupted(_queued(receive))
+            raise
+
+
+def _queued(receive: trio.MemoryReceiveChannel[_Append]) -> list[_Append]:
+    queued = []
+    while True:
+        try:
+            queued.append(receive.receive_nowait())
+        except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+            return queued
+
+
+def _interrupted(batch: list[_Append]) -> None:
+    interrupted = Unavailable("the write was interrupted", code="write_interrupted")
+    for item in batch:
+        _answer(item, interrupted)
 
 
 def _answer(item: _Append, result: Outcome | RegistryError) -> None:
@@ -153,8 +172,12 @@ async def _write_batch(store: LogStore, batch: list[_Append], stats: WriterStats
         if len(batch) == 1:
             _answer(batch[0], exc)
             return
-        for item in batch:  # one bad change must not fail the others: each on its own
-            await _write_batch(store, [item], stats)
+        try:
+            for item in batch:  # one bad change must not fail the others: each on its own
+                await _write_batch(store, [item], stats)
+        except BaseException:  # cancelled midway: those not yet answered are told (`give`
+            _interrupted(batch)  # keeps an answer already given)
+            raise
         return
     except RegistryError as exc:
         for item in batch:
@@ -166,9 +189,7 @@ async def _write_batch(store: LogStore, batch: list[_Append], stats: WriterStats
                 log.warning(line)
         return
     except BaseException:
-        interrupted = Unavailable("the write was interrupted", code="write_interrupted")
-        for item in batch:
-            _answer(item, interrupted)
+        _interrupted(batch)
         raise
     for item, outcome in zip(batch, outcomes, strict=True):
         _answer(item, outcome)

@@ -15,7 +15,7 @@ import trio.testing
 
 from actors.writer import Writer, run_writer
 from registry.changes import Change, IdemKey, Outcome
-from registry.errors import Unavailable
+from registry.errors import Invalid, Unavailable
 from registry.store.memory import MemoryStore
 from tests.helpers import entry_created
 
@@ -187,6 +187,67 @@ async def test_shutdown_mid_batch_tells_its_callers_the_write_was_interrupted(
         assert isinstance(error, Unavailable)
         assert error.code == "write_interrupted"
     assert await store.log_head() == 0
+
+
+async def test_shutdown_tells_the_callers_whose_changes_were_still_queued(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store = MemoryStore(latency=1.0)
+    outcomes: dict[str, Outcome | Exception] = {}
+    in_flight, queued = new_did(), [new_did(), new_did()]
+    # A caller left unanswered would wait forever: the deadline makes that a failure.
+    with trio.fail_after(60):
+        async with trio.open_nursery() as callers, trio.open_nursery() as actor:
+            writer: Writer = await actor.start(run_writer, store)
+            callers.start_soon(submit, writer, in_flight, outcomes)
+            await trio.testing.wait_all_tasks_blocked()  # its batch is being written
+            for did in queued:
+                callers.start_soon(submit, writer, did, outcomes)
+            await trio.testing.wait_all_tasks_blocked()
+            assert writer.statistics()["queued"] == 2
+            actor.cancel_scope.cancel()
+    assert set(outcomes) == {in_flight, *queued}  # every caller answered: none left waiting
+    for did in (in_flight, *queued):
+        error = outcomes[did]
+        assert isinstance(error, Unavailable)
+        assert error.code == "write_interrupted"
+
+
+class RefusesBatches(MemoryStore):
+    """A batch of several changes fails as a value the database refused would make it fail,
+    so the writer applies them again one by one."""
+
+    async def append(self, items: list[tuple[Change, IdemKey | None]]) -> list[Outcome]:
+        if len(items) > 1:
+            await trio.sleep(1.0)
+            raise Invalid("a value the database refused", code="invalid_value")
+        return await super().append(items)
+
+
+async def test_shutdown_while_a_batch_is_applied_one_by_one_answers_every_caller(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store = RefusesBatches(latency=1.0)
+    outcomes: dict[str, Outcome | Exception] = {}
+    first, batch = new_did(), [new_did(), new_did(), new_did()]
+    # A caller left unanswered would wait forever: the deadline makes that a failure.
+    with trio.fail_after(60):
+        async with trio.open_nursery() as callers, trio.open_nursery() as actor:
+            writer: Writer = await actor.start(run_writer, store)
+            callers.start_soon(submit, writer, first, outcomes)
+            await trio.testing.wait_all_tasks_blocked()
+            for did in batch:  # queued in this order while `first` is written: one batch of three
+                callers.start_soon(submit, writer, did, outcomes)
+                await trio.testing.wait_all_tasks_blocked()
+            await trio.sleep(3.5)  # t=1 first written, t=2 the batch refused, t=3 its first retry
+            actor.cancel_scope.cancel()
+    assert set(outcomes) == {first, *batch}  # every caller answered: none left waiting
+    assert entry_did(outcomes[first]) == first
+    assert entry_did(outcomes[batch[0]]) == batch[0]  # written on its own before the stop
+    for did in batch[1:]:
+        error = outcomes[did]
+        assert isinstance(error, Unavailable)
+        assert error.code == "write_interrupted"
 
 
 async def test_closing_every_handle_stops_the_writer(
