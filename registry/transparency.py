@@ -19,10 +19,8 @@ issue 20's next steps.
 from __future__ import annotations
 
 import base64
-import functools
 import hashlib
 import json
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -494,18 +492,6 @@ def record_leaf(record: dict[str, Any]) -> bytes:
 _string = json.encoder.encode_basestring  # JCS's string form for every string (RFC 8785 §3.2.2.2)
 
 
-@functools.lru_cache(maxsize=256)
-def _second(seconds: int) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S.", time.gmtime(seconds))
-
-
-def _at(ms: int) -> str:
-    """`rfc3339_ms(ms)`: the checkpointer formats every record's time, and many records share a
-    second (a cached prefix, then the milliseconds)."""
-    seconds, millis = divmod(ms, 1000)
-    return f"{_second(seconds)}{millis:03d}Z"
-
-
 def record_bytes(record: LogRecord, document_hash: str | None) -> bytes:
     """JCS(log_record(record, document_hash)), written member by member in JCS's order (at,
     data, documentHash, kind, redacted, sequence, subject): the leaf bytes of every record the
@@ -513,7 +499,12 @@ def record_bytes(record: LogRecord, document_hash: str | None) -> bytes:
     to `canonicalize(log_record(...))`."""
     if record.kind not in PUBLIC_KINDS:
         return canonicalize(log_record(record, document_hash))
-    parts = ['{"at":"', _at(record.at_ms), '","data":', canonicalize(dict(record.data)).decode()]
+    parts = [
+        '{"at":"',
+        rfc3339_ms(record.at_ms),
+        '","data":',
+        canonicalize(dict(record.data)).decode(),
+    ]
     if document_hash is not None:
         parts += [',"documentHash":', _string(document_hash)]
     parts += [',"kind":', _string(record.kind), ',"sequence":', str(record.seq), ',"subject":']

@@ -1,8 +1,24 @@
-"""`ChangeLog.submit_seen`: what the appended decision saw comes back with its outcome."""
+"""`ChangeLog.submit_seen`: what the appended decision saw comes back with its outcome; the
+log's time format."""
 
 from __future__ import annotations
 
-from registry.changes import RETRY, Change, ChangeLog, Decided, IdemKey, Outcome, Refusal
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from registry.changes import (
+    RETRY,
+    Change,
+    ChangeLog,
+    Decided,
+    IdemKey,
+    Outcome,
+    Refusal,
+    rfc3339_ms,
+)
 from registry.errors import Invalid
 
 
@@ -55,3 +71,34 @@ async def test_a_refused_decision_sees_nothing() -> None:
     assert seen is None
     assert outcome.refusal is not None
     assert [r.code for r in recorder.refusals] == ["entry_invalid"]
+
+
+def _rfc3339_exactly(ms: int) -> str:
+    """The reference, in integer arithmetic (a float of seconds drifts by a millisecond from
+    about the year 2400: what `datetime.fromtimestamp(ms / 1000)` wrote)."""
+    moment = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=ms)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+# Years 1-9999 (what a datetime holds): the cached-prefix path covers 1000-9999.
+_MS = st.integers(-62_135_596_800_000, 253_402_300_799_999)
+
+
+@given(_MS)
+def test_a_time_is_written_as_rfc_3339_with_milliseconds(ms: int) -> None:
+    assert rfc3339_ms(ms) == _rfc3339_exactly(ms)
+
+
+@pytest.mark.parametrize(
+    ("ms", "text"),
+    [
+        (0, "1970-01-01T00:00:00.000Z"),
+        (-1, "1969-12-31T23:59:59.999Z"),
+        (1_764_403_156_123, "2025-11-29T07:59:16.123Z"),
+        (253_402_300_799_999, "9999-12-31T23:59:59.999Z"),
+        (-30_610_224_000_000, "1000-01-01T00:00:00.000Z"),
+        (-30_610_224_000_001, "0999-12-31T23:59:59.999Z"),
+    ],
+)
+def test_times_at_the_edges_of_the_fast_path(ms: int, text: str) -> None:
+    assert rfc3339_ms(ms) == text
