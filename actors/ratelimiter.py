@@ -25,7 +25,10 @@ from registry.ratelimit import Bucket, Decision, Rate, charge, is_idle, refund, 
 log = logging.getLogger(__name__)
 
 CLASSES = ("read", "write", "query")  # every limiter has these; more may be added
-MAX_BUCKETS = 200_000  # sweep early when this many clients were seen within a minute
+# Sweep early when this many clients were seen within a minute. When a sweep leaves more than
+# half of that (clients active at once), the next early sweep waits until their number has
+# doubled: a sweep walks every bucket, and once per request would make each request cost them all.
+MAX_BUCKETS = 200_000
 
 
 # An address's failed session lookups: one bucket per address, at the read rate, whatever the
@@ -78,6 +81,7 @@ class RateLimiter:
         self._handled = 0
         self._refused = 0
         self._sweeps = 0
+        self._sweep_above = MAX_BUCKETS  # buckets past which the next early sweep runs
 
     def acquire(self, klass: str, client: str, cost: float = 1.0) -> Decision:
         """Take `cost` tokens (one request, by default) of `klass` for `client` now, or say when
@@ -90,7 +94,7 @@ class RateLimiter:
         self._buckets[(klass, client)] = bucket
         self._handled += 1
         self._refused += not decision.allowed
-        if len(self._buckets) > MAX_BUCKETS:
+        if len(self._buckets) > self._sweep_above:
             self._sweep(now)
         return decision
 
@@ -110,7 +114,7 @@ class RateLimiter:
             raise ValueError(f"unknown rate-limit class {klass!r}")
         key = (klass, client)
         self._buckets[key] = charge(self._buckets.get(key), rate, trio.current_time(), cost)
-        if len(self._buckets) > MAX_BUCKETS:
+        if len(self._buckets) > self._sweep_above:
             self._sweep(trio.current_time())
 
     def enter(self, klass: str, client: str, most: int) -> bool:
@@ -146,6 +150,7 @@ class RateLimiter:
         for key in idle:
             del self._buckets[key]
         self._sweeps += 1
+        self._sweep_above = max(MAX_BUCKETS, 2 * len(self._buckets))
 
     def statistics(self) -> dict[str, int]:
         return {

@@ -129,6 +129,24 @@ async def test_too_many_clients_trigger_an_early_sweep(
     assert limiter.statistics()["buckets"] <= 2
 
 
+async def test_clients_active_at_once_past_the_bound_do_not_make_every_request_sweep(
+    autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every bucket stays in use: a sweep frees nothing. Sweeping again on each request would
+    # walk them all each time; the next sweep waits until their number has doubled.
+    monkeypatch.setattr(ratelimiter, "MAX_BUCKETS", 10)
+    limiter = RateLimiter(RATES)
+    for n in range(1000):
+        limiter.acquire("write", f"client-{n}")  # a write bucket stays short of full: not idle
+    stats = limiter.statistics()
+    assert stats["buckets"] == 1000
+    assert stats["sweeps"] <= 8  # at 11, 23, 47, ... buckets: log2(1000 / 10) of them
+    await trio.sleep(3600.0)  # every bucket refilled: the next early sweep forgets them
+    for n in range(1000, 2025):
+        limiter.acquire("write", f"client-{n}")
+    assert limiter.statistics()["buckets"] < 1025 + 1
+
+
 async def test_statistics_count_handled_and_refused(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
