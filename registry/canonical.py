@@ -379,25 +379,11 @@ def _member_order(keys: Any) -> list[str]:
     return ordered
 
 
-# `"name":` of member names met before: the same few dozen names make every document. Bounded,
-# so names a client makes up cannot grow it without end (past the bound they are encoded each
-# time).
-_NAME_TEXTS: dict[str, str] = {}
-_MAX_NAME_TEXTS = 4096
-
-
-def _name_text(name: str) -> str:
-    text = _NAME_TEXTS.get(name)
-    if text is None:
-        text = _encode_string(name) + ":"
-        if len(_NAME_TEXTS) < _MAX_NAME_TEXTS:
-            _NAME_TEXTS[name] = text
-    return text
-
-
 def join_members(members: dict[str, str]) -> str:
     """JCS text of the object whose members' JCS texts are `members`."""
-    return "{" + ",".join(_name_text(k) + members[k] for k in _member_order(members)) + "}"
+    return (
+        "{" + ",".join(_encode_string(k) + ":" + members[k] for k in _member_order(members)) + "}"
+    )
 
 
 def split_members(members: dict[str, str], hole: str) -> tuple[str, str]:
@@ -407,9 +393,9 @@ def split_members(members: dict[str, str], hole: str) -> tuple[str, str]:
     """
     keys = _member_order([*members, hole])
     at = keys.index(hole)
-    head = ",".join(_name_text(k) + members[k] for k in keys[:at])
-    tail = ",".join(_name_text(k) + members[k] for k in keys[at + 1 :])
-    before = "{" + head + ("," if head else "") + _name_text(hole)
+    head = ",".join(_encode_string(k) + ":" + members[k] for k in keys[:at])
+    tail = ",".join(_encode_string(k) + ":" + members[k] for k in keys[at + 1 :])
+    before = "{" + head + ("," if head else "") + _encode_string(hole) + ":"
     return before, ("," + tail if tail else "") + "}"
 
 
