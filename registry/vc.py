@@ -187,9 +187,13 @@ def parse_rfc3339(text: str) -> datetime:
         tzinfo=_offset(match["tz"]),
     )
     try:
-        return value + timedelta(seconds=1) if second == 60 else value
+        value = value + timedelta(seconds=1) if second == 60 else value
+        # An instant of years 1-9999 in UTC too: the registry writes it in UTC (issuedAt,
+        # expiresAt), and 9999-12-31T23:59:59-01:00 is in the year 10000 there.
+        value.astimezone(UTC)
     except OverflowError:
         raise ValueError(f"{text!r} is out of range") from None
+    return value
 
 
 def format_datetime(value: datetime) -> str:

@@ -7,6 +7,7 @@ Create (every refusal with its code), read, list with paging, revoke, what the e
 from __future__ import annotations
 
 import copy
+import json
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -248,6 +249,28 @@ async def test_a_credential_whose_proof_does_not_verify_is_400(
     vc = credential(w, valid_until=datetime.now(UTC) + timedelta(days=1))
     r = await submit(w, tamper(vc))
     await error_of(r, 400, code)
+    assert await shown(w) == []
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("validUntil", "9999-12-31T23:59:59-01:00"),  # the year 10000 in UTC
+        ("validFrom", "0001-01-01T00:00:00+01:00"),  # the year 0 in UTC
+    ],
+)
+async def test_a_validity_outside_the_years_1_to_9999_in_utc_is_400(
+    world: World, field: str, value: str
+) -> None:
+    # The registry writes the period in UTC (issuedAt, expiresAt): such a time was a bare 500.
+    w = world
+    vc = credential(w)
+    del vc["proof"]
+    vc[field] = value
+    signed = add_proof(vc, w.issuer, verification_method=w.issuer.key_id, created=_NOW)
+    r = await submit(w, signed)
+    body = await error_of(r, 400, "credential_invalid")
+    assert field in json.dumps(body)
     assert await shown(w) == []
 
 

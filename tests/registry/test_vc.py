@@ -876,6 +876,9 @@ def test_rfc3339_accepts(text: str, expected: datetime) -> None:
         "+2024-05-01T12:00:00Z",
         "2024-05-01T12:00:00.Z",
         " 2024-05-01T12:00:00Z",
+        "9999-12-31T23:59:59-01:00",  # the year 10000 in UTC
+        "9999-12-31T23:59:60Z",
+        "0001-01-01T00:00:00+01:00",  # the year 0 in UTC
     ],
 )
 def test_rfc3339_refuses(text: str) -> None:
