@@ -119,12 +119,16 @@ class Sessions:
             expires_at_ms=expires,
         )
         token, token_hash = new_session_token()
+        epoch = self.sessions.epoch
         if not await self.store.open_session(nonce, token_hash, session):
             raise Unauthorized(
                 "sign-in verification failed: challenge already used",
                 code="signin_failed",
                 details={"reason": "challenge already used"},
             )
+        # This process knows the session it opened: its first use needs no lookup (nor a token
+        # of the address's failed-lookups budget, docs/limits.md "Session tokens").
+        self.sessions.put(token_hash, session, epoch)
         body = {
             "expiresAtMs": expires,
             "hmrDid": identity.hmr_did,
