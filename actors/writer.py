@@ -40,7 +40,8 @@ BUFFER = 1024
 
 class _Reply:
     """A caller's answer: given once by the actor, awaited by the caller (lighter than a
-    channel pair per append). A caller that gave up leaves it unread."""
+    channel pair per append). A caller that gave up (cancelled) leaves it unread; its outcome
+    stays recorded under its idempotency key."""
 
     __slots__ = ("_given", "result")
 
@@ -156,13 +157,7 @@ def _queued(receive: trio.MemoryReceiveChannel[_Append]) -> list[_Append]:
 def _interrupted(batch: list[_Append]) -> None:
     interrupted = Unavailable("the write was interrupted", code="write_interrupted")
     for item in batch:
-        _answer(item, interrupted)
-
-
-def _answer(item: _Append, result: Outcome | RegistryError) -> None:
-    # A caller that gave up (cancelled) does not read it; its outcome stays recorded under its
-    # key.
-    item.reply.give(result)
+        item.reply.give(interrupted)
 
 
 async def _write_batch(store: LogStore, batch: list[_Append], stats: WriterStats) -> None:
@@ -170,7 +165,7 @@ async def _write_batch(store: LogStore, batch: list[_Append], stats: WriterStats
         outcomes = await store.append([(item.change, item.idem) for item in batch])
     except Invalid as exc:
         if len(batch) == 1:
-            _answer(batch[0], exc)
+            batch[0].reply.give(exc)
             return
         try:
             for item in batch:  # one bad change must not fail the others: each on its own
@@ -181,7 +176,7 @@ async def _write_batch(store: LogStore, batch: list[_Append], stats: WriterStats
         return
     except RegistryError as exc:
         for item in batch:
-            _answer(item, exc)
+            item.reply.give(exc)
         if isinstance(exc, Unavailable):  # a condition of the database: health reports it
             stats.refused = exc.code
             line = stats.outage.failed(exc.code, trio.current_time())
@@ -192,7 +187,7 @@ async def _write_batch(store: LogStore, batch: list[_Append], stats: WriterStats
         _interrupted(batch)
         raise
     for item, outcome in zip(batch, outcomes, strict=True):
-        _answer(item, outcome)
+        item.reply.give(outcome)
     if stats.refused is not None:
         stats.refused = None
         line = stats.outage.succeeded(trio.current_time())

@@ -34,12 +34,10 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -88,25 +86,8 @@ def drive(port: int, requests: list[Request], connections: int) -> None:
         raise SystemExit(f"{len(refused)} requests were refused: {refused[:5]}")
 
 
-def wait_ready(port: int, path: str, server: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + 600  # imports under valgrind take a while
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise SystemExit(f"the server exited: {log.read_text(errors='replace')[-2000:]}")
-        try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-            conn.request("GET", path)
-            response = conn.getresponse()
-            body = response.read()
-            conn.close()
-            if response.status == 200 and (
-                path != "/v1/health" or json.loads(body).get("status") == "ok"
-            ):
-                return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise SystemExit(f"the server was not ready in time: {log.read_text(errors='replace')[-2000:]}")
+def _status_ok(health: dict[str, object]) -> bool:
+    return health.get("status") == "ok"
 
 
 def bare_requests(n: int) -> list[Request]:
@@ -150,7 +131,6 @@ def measure(row: str, args: argparse.Namespace, workdir: Path) -> float:
     """Instructions per request of `row`, from its own server under callgrind."""
     port = be.free_port()
     out = workdir / f"callgrind.{row}"
-    log = workdir / f"{row}.log"
     env = dict(os.environ)
     database = None
     if row == "bare":
@@ -169,12 +149,10 @@ def measure(row: str, args: argparse.Namespace, workdir: Path) -> float:
     valgrind = ["valgrind", "--tool=callgrind", "--instr-atstart=no",
                 f"--callgrind-out-file={out}"]  # fmt: skip
     try:
-        with log.open("wb") as handle:
-            server = subprocess.Popen(
-                valgrind + command, stdout=handle, stderr=subprocess.STDOUT, env=env, cwd=ROOT
-            )
+        server = be.start_server(row, valgrind + command, port, None, workdir, env)
         try:
-            wait_ready(port, ready, server, log)
+            # Imports under valgrind take a while; the registry is ready once its caches are.
+            be.wait_ready(server, ready, 600, want=None if row == "bare" else _status_ok)
             make = bare_requests if row == "bare" else registry_requests(port, row)
             warm, measured = make(WARMUP), make(args.requests)
             drive(port, warm, args.connections)
@@ -183,8 +161,7 @@ def measure(row: str, args: argparse.Namespace, workdir: Path) -> float:
             drive(port, measured, args.connections)
             subprocess.run([*toggle, "off", str(server.pid)], check=True, capture_output=True)
         finally:
-            server.send_signal(signal.SIGTERM)
-            server.wait(timeout=600)
+            be.stop_server(server, timeout=600)  # callgrind writes its counts at exit
     finally:
         if database is not None:
             be.db_admin(args.postgres, f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')

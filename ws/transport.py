@@ -389,6 +389,7 @@ class FrameStream(trio.abc.HalfCloseableStream):
                 self._renew_read_deadline()
         elif data[:1] == b"\x88":  # a close frame, Hypercorn's or ours:
             self.sealed = True  # the event fan-out stops before it, not after
+        queued = False
         if not self._pending and not self._lock.locked() and not self._closed and not self.broken:
             # Nothing queued and no write under way: straight to the socket, as the locked path
             # below would write it, without the lock's cost (most answers go out this way).
@@ -400,11 +401,10 @@ class FrameStream(trio.abc.HalfCloseableStream):
             # The rest is queued before anything can run (taking the lock lets other tasks
             # run): an offer made meanwhile goes after it, never into the middle of a frame.
             self._queue(bytes(data[sent:]))
-            async with self._lock:
-                await self._flush_locked(self.limits.send_timeout if self.limits else None)
-            return
+            queued = True
         async with self._lock:
-            self._queue(bytes(data))
+            if not queued:
+                self._queue(bytes(data))
             await self._flush_locked(self.limits.send_timeout if self.limits else None)
 
     async def wait_send_all_might_not_block(self) -> None:

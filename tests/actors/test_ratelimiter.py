@@ -115,11 +115,17 @@ async def test_a_swept_client_starts_again_with_a_full_bucket(
         nursery.cancel_scope.cancel()
 
 
-async def test_too_many_clients_trigger_an_early_sweep(
-    autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+def small_limiter(monkeypatch: pytest.MonkeyPatch) -> RateLimiter:
+    """A limiter that sweeps early past 10 buckets."""
     monkeypatch.setattr(ratelimiter, "MAX_BUCKETS", 10)
-    limiter = RateLimiter(RATES)
+    return RateLimiter(RATES)
+
+
+async def test_too_many_clients_trigger_an_early_sweep(
+    autojump_clock: trio.testing.MockClock, small_limiter: RateLimiter
+) -> None:
+    limiter = small_limiter
     for n in range(10):
         limiter.acquire("read", f"client-{n}")
     await trio.sleep(1.0)  # every read bucket has refilled
@@ -130,12 +136,11 @@ async def test_too_many_clients_trigger_an_early_sweep(
 
 
 async def test_clients_active_at_once_past_the_bound_do_not_make_every_request_sweep(
-    autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+    autojump_clock: trio.testing.MockClock, small_limiter: RateLimiter
 ) -> None:
     # Every bucket stays in use: a sweep frees nothing. Sweeping again on each request would
     # walk them all each time; the next sweep waits until their number has doubled.
-    monkeypatch.setattr(ratelimiter, "MAX_BUCKETS", 10)
-    limiter = RateLimiter(RATES)
+    limiter = small_limiter
     for n in range(1000):
         limiter.acquire("write", f"client-{n}")  # a write bucket stays short of full: not idle
     stats = limiter.statistics()
