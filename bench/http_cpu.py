@@ -181,6 +181,9 @@ def main() -> int:
         "--postgres",
         default=os.environ.get("BENCH_POSTGRES", "postgresql://postgres@127.0.0.1:5432"),
     )
+    parser.add_argument(
+        "--keep", type=Path, help="copy each row's callgrind file here (for callgrind_annotate)"
+    )
     args = parser.parse_args()
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         print("needs valgrind: apt-get install -y valgrind", file=sys.stderr)
@@ -195,6 +198,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="registry-http-cpu-") as tmp:
         for row in rows:
             costs[row] = measure(row, args, Path(tmp))
+            if args.keep is not None:
+                args.keep.mkdir(parents=True, exist_ok=True)
+                shutil.copy(Path(tmp) / f"callgrind.{row}", args.keep / f"callgrind.{row}")
             bare = costs.get("bare")
             ratio = f"{bare / costs[row]:.3f}" if bare else "-"
             print(f"{row:14} {costs[row]:>14,.0f} instructions/req   vs bare {ratio}", flush=True)

@@ -63,6 +63,9 @@ log = logging.getLogger(__name__)
 
 MAX_BUCKETS = 100_000  # addresses with a new-connection bucket before the full ones are swept
 
+# A final answer's head up to this size waits for its body, to go out with it (`send_all`).
+HELD_HEAD_BYTES = 16 * 1024
+
 CURRENT_STREAM: ContextVar[FrameStream | None] = ContextVar("registry_frame_stream", default=None)
 
 
@@ -272,6 +275,7 @@ class FrameStream(trio.abc.HalfCloseableStream):
         self._fd = inner.socket.fileno()
         self._pending: deque[bytes | memoryview] = deque()
         self.pending_bytes = 0
+        self._head: bytes | None = None  # a final answer's head, held for its body (`send_all`)
         self._lock = trio.Lock()  # held by whoever awaits a write
         self._closed = False
         self.broken = False
@@ -361,6 +365,7 @@ class FrameStream(trio.abc.HalfCloseableStream):
         self.broken = True
         self._pending.clear()
         self.pending_bytes = 0
+        self._head = None
         self._inner.socket.close()  # wakes a task waiting to write, with ClosedResourceError
 
     def cut(self) -> None:
@@ -387,6 +392,18 @@ class FrameStream(trio.abc.HalfCloseableStream):
                 self._awaiting_answer = False
                 self._answered = trio.current_time()
                 self._renew_read_deadline()
+                if len(data) <= HELD_HEAD_BYTES:
+                    # Hypercorn writes an answer's head, its body and its end (b"" when the
+                    # length is declared) one call each: holding the head until the next
+                    # call sends the answer with one system call and one TCP segment, not
+                    # three calls and two segments. Nothing is held across an await of the
+                    # app: the body (or the end, for an answer without one) follows at once.
+                    await trio.lowlevel.checkpoint_if_cancelled()
+                    self._head = bytes(data)
+                    await trio.lowlevel.cancel_shielded_checkpoint()
+                    return
+            elif self._head is not None:
+                data, self._head = self._head + bytes(data), None
         elif data[:1] == b"\x88":  # a close frame, Hypercorn's or ours:
             self.sealed = True  # the event fan-out stops before it, not after
         queued = False
@@ -394,6 +411,9 @@ class FrameStream(trio.abc.HalfCloseableStream):
             # Nothing queued and no write under way: straight to the socket, as the locked path
             # below would write it, without the lock's cost (most answers go out this way).
             await trio.lowlevel.checkpoint_if_cancelled()
+            if not data:  # the end of an answer whose length was declared: nothing to write
+                await trio.lowlevel.cancel_shielded_checkpoint()
+                return
             sent = self._write(data)
             if sent == len(data):
                 await trio.lowlevel.cancel_shielded_checkpoint()
@@ -501,6 +521,7 @@ class FrameStream(trio.abc.HalfCloseableStream):
         self._closed = True
         self._pending.clear()
         self.pending_bytes = 0
+        self._head = None
         self._inner.socket.close()  # at once: the checkpoint below may be a cancelled one
         await self._inner.aclose()
 

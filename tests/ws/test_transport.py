@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import socket
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -153,6 +154,75 @@ async def test_an_offer_made_while_a_partial_write_takes_the_lock_goes_after_its
                 nursery.start_soon(offer_once_the_lock_is_taken)
                 received = await read_exactly(peer, len(big) + len(b"EVENT"))
             assert received == big + b"EVENT"
+
+
+def nothing_to_read(peer: trio.SocketStream) -> bool:
+    """Whether the client's end has no byte waiting (its socket is non-blocking)."""
+    try:
+        os.read(peer.socket.fileno(), 1)
+    except BlockingIOError:
+        return True
+    return False
+
+
+def counting_writes(stream: FrameStream) -> list[bytes]:
+    """Every chunk `stream` hands the kernel from now on, one item per system call."""
+    writes: list[bytes] = []
+    write = stream._write
+
+    def counted(data: bytes | bytearray | memoryview) -> int:
+        writes.append(bytes(data))
+        return write(data)
+
+    stream._write = counted  # type: ignore[method-assign]
+    return writes
+
+
+HEAD = b"HTTP/1.1 200 \r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n"
+
+
+async def test_an_answers_head_goes_out_with_its_body_in_one_write() -> None:
+    # Hypercorn sends a head, a body and an end (b"" when the length is declared) in three
+    # calls: one system call and one segment for the lot.
+    async with socket_pair() as (stream, peer):
+        writes = counting_writes(stream)
+        await stream.send_all(HEAD)
+        assert nothing_to_read(peer)  # held for its body
+        await stream.send_all(b"{}")
+        await stream.send_all(b"")
+        assert writes == [HEAD + b"{}"]
+        assert await read_exactly(peer, len(HEAD) + 2) == HEAD + b"{}"
+        # The next answer on the connection is held and sent the same way.
+        await stream.send_all(HEAD)
+        await stream.send_all(b"[]")
+        assert writes == [HEAD + b"{}", HEAD + b"[]"]
+        assert await read_exactly(peer, len(HEAD) + 2) == HEAD + b"[]"
+
+
+async def test_an_answer_without_a_body_goes_out_at_its_end() -> None:
+    head = b'HTTP/1.1 304 \r\netag: "7"\r\n\r\n'
+    async with socket_pair() as (stream, peer):
+        writes = counting_writes(stream)
+        await stream.send_all(head)
+        assert nothing_to_read(peer)
+        await stream.send_all(b"")  # h11's end of a message without a body
+        assert writes == [head]
+        assert await read_exactly(peer, len(head)) == head
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"HTTP/1.1 100 \r\n\r\n",  # the client waits for it before it sends the body
+        b"HTTP/1.1 101 \r\nupgrade: websocket\r\nconnection: upgrade\r\n\r\n",
+        b"HTTP/1.1 200 \r\nx-big: " + b"a" * transport.HELD_HEAD_BYTES + b"\r\n\r\n",
+    ],
+    ids=["100-continue", "101-upgrade", "head-over-the-held-size"],
+)
+async def test_heads_that_are_not_held_go_out_at_once(head: bytes) -> None:
+    async with socket_pair() as (stream, peer), trio.open_nursery() as nursery:
+        nursery.start_soon(stream.send_all, head)
+        assert await read_exactly(peer, len(head)) == head
 
 
 async def test_a_write_cancelled_before_it_starts_sends_nothing() -> None:
