@@ -65,6 +65,9 @@ MAX_BUCKETS = 100_000  # addresses with a new-connection bucket before the full 
 
 # A final answer's head up to this size waits for its body, to go out with it (`send_all`).
 HELD_HEAD_BYTES = 16 * 1024
+# A body up to this size is copied behind its held head, to go out in one write; a larger one
+# is written after the head.
+MERGED_BODY_BYTES = 64 * 1024
 
 CURRENT_STREAM: ContextVar[FrameStream | None] = ContextVar("registry_frame_stream", default=None)
 
@@ -275,7 +278,7 @@ class FrameStream(trio.abc.HalfCloseableStream):
         self._fd = inner.socket.fileno()
         self._pending: deque[bytes | memoryview] = deque()
         self.pending_bytes = 0
-        self._head: bytes | None = None  # a final answer's head, held for its body (`send_all`)
+        self._held_head: bytes | None = None  # an answer's head, held for its body (`send_all`)
         self._lock = trio.Lock()  # held by whoever awaits a write
         self._closed = False
         self.broken = False
@@ -365,7 +368,7 @@ class FrameStream(trio.abc.HalfCloseableStream):
         self.broken = True
         self._pending.clear()
         self.pending_bytes = 0
-        self._head = None
+        self._held_head = None
         self._inner.socket.close()  # wakes a task waiting to write, with ClosedResourceError
 
     def cut(self) -> None:
@@ -380,7 +383,18 @@ class FrameStream(trio.abc.HalfCloseableStream):
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         if self.sealed and data:
             raise trio.ClosedResourceError("a close frame was sent")
-        if not self.websocket:
+        if self._held_head is not None:
+            # What follows a held head is its body, or the end of its answer: Hypercorn sends
+            # the parts of an answer one after another under one lock, so nothing comes
+            # between them, and no byte of a body is taken for a head. A call cancelled here
+            # leaves the head held.
+            await trio.lowlevel.checkpoint_if_cancelled()
+            head, self._held_head = self._held_head, None
+            if len(data) <= MERGED_BODY_BYTES:
+                data = head + bytes(data)
+            else:  # not copied to save a segment: the head goes first, on its own
+                self._queue(head)
+        elif not self.websocket:
             head = bytes(data[:13])
             if head == b"HTTP/1.1 101 ":  # the upgrade: frames from here on
                 self.websocket = True
@@ -396,14 +410,13 @@ class FrameStream(trio.abc.HalfCloseableStream):
                     # Hypercorn writes an answer's head, its body and its end (b"" when the
                     # length is declared) one call each: holding the head until the next
                     # call sends the answer with one system call and one TCP segment, not
-                    # three calls and two segments. Nothing is held across an await of the
-                    # app: the body (or the end, for an answer without one) follows at once.
+                    # three calls and two segments. The body (or the end, for an answer
+                    # without one) follows at once; an answer that ends the connection
+                    # before either still gets its head (`send_eof`).
                     await trio.lowlevel.checkpoint_if_cancelled()
-                    self._head = bytes(data)
+                    self._held_head = bytes(data)
                     await trio.lowlevel.cancel_shielded_checkpoint()
                     return
-            elif self._head is not None:
-                data, self._head = self._head + bytes(data), None
         elif data[:1] == b"\x88":  # a close frame, Hypercorn's or ours:
             self.sealed = True  # the event fan-out stops before it, not after
         queued = False
@@ -434,10 +447,16 @@ class FrameStream(trio.abc.HalfCloseableStream):
         # Hypercorn ends a connection this way once its last message (a close frame, which
         # went out after every offered byte) is sent; bytes offered since have no reader.
         # No checkpoint: this runs from a task that may be cancelled right now (module doc).
+        head, self._held_head = self._held_head, None
         self._pending.clear()
         self.pending_bytes = 0
         if self._lock.locked():
             raise trio.BusyResourceError("a write is under way")
+        if head is not None and not self._closed and not self.broken:
+            # An answer whose body never came (the app failed after its start, or its task
+            # was cancelled): its head goes out, as it would have without the hold.
+            with contextlib.suppress(trio.BrokenResourceError):
+                self._write(head)
         try:
             self._inner.socket.shutdown(stdlib_socket.SHUT_WR)
         except OSError as exc:
@@ -521,7 +540,7 @@ class FrameStream(trio.abc.HalfCloseableStream):
         self._closed = True
         self._pending.clear()
         self.pending_bytes = 0
-        self._head = None
+        self._held_head = None
         self._inner.socket.close()  # at once: the checkpoint below may be a cancelled one
         await self._inner.aclose()
 

@@ -225,6 +225,57 @@ async def test_heads_that_are_not_held_go_out_at_once(head: bytes) -> None:
         assert await read_exactly(peer, len(head)) == head
 
 
+async def test_a_body_that_looks_like_a_head_is_still_the_held_heads_body() -> None:
+    body = b"HTTP/1.1 200 OK, said the body"
+    async with socket_pair() as (stream, peer):
+        writes = counting_writes(stream)
+        await stream.send_all(HEAD)
+        await stream.send_all(body)
+        await stream.send_all(b"")
+        assert writes == [HEAD + body]
+        assert await read_exactly(peer, len(HEAD) + len(body)) == HEAD + body
+
+
+async def test_a_large_body_goes_out_after_its_head_without_being_copied_behind_it() -> None:
+    body = b"b" * (transport.MERGED_BODY_BYTES + 1)
+    async with socket_pair() as (stream, peer):
+        writes = counting_writes(stream)
+        async with trio.open_nursery() as nursery:
+
+            async def answer() -> None:
+                await stream.send_all(HEAD)
+                await stream.send_all(body)
+
+            nursery.start_soon(answer)
+            assert await read_exactly(peer, len(HEAD) + len(body)) == HEAD + body
+        assert writes[0] == HEAD
+
+
+async def test_a_held_head_whose_body_never_comes_goes_out_when_the_connection_ends() -> None:
+    # The app failed after its answer's start, or its task was cancelled: Hypercorn ends the
+    # connection with `send_eof`, and the client gets the head it would have got before.
+    async with socket_pair() as (stream, peer):
+        await stream.send_all(HEAD)
+        await stream.send_eof()
+        with trio.fail_after(DEADLINE):
+            received = b""
+            while chunk := await peer.receive_some():
+                received += chunk
+        assert received == HEAD
+
+
+async def test_a_body_write_cancelled_before_it_starts_leaves_the_head_held() -> None:
+    async with socket_pair() as (stream, peer):
+        await stream.send_all(HEAD)
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            await stream.send_all(b"{}")
+        assert scope.cancelled_caught
+        assert nothing_to_read(peer)
+        await stream.send_all(b"[]")
+        assert await read_exactly(peer, len(HEAD) + 2) == HEAD + b"[]"
+
+
 async def test_a_write_cancelled_before_it_starts_sends_nothing() -> None:
     async with socket_pair() as (stream, peer):
         with trio.CancelScope() as scope:
@@ -347,6 +398,98 @@ async def test_a_handler_slower_than_the_read_timeout_still_answers() -> None:
                 answer += chunk
             await stream.aclose()
     assert answer.startswith(b"HTTP/1.1 200")
+
+
+async def read_answers(url: str, request: bytes) -> bytes:
+    """What the server sends on one connection for `request` until it closes it."""
+    with trio.fail_after(DEADLINE):
+        async with await open_to(url) as stream:
+            await stream.send_all(request)
+            received = b""
+            while chunk := await stream.receive_some():
+                received += chunk
+    return received
+
+
+def parse_answers(data: bytes, methods: list[str]) -> list[tuple[int, bytes]]:
+    """The status and body of each answer in `data`, to requests of `methods` in order, as
+    h11 (an independent HTTP/1.1 parser) reads them."""
+    import h11
+
+    client = h11.Connection(h11.CLIENT)
+    client.receive_data(data)
+    answers: list[tuple[int, bytes]] = []
+    for method in methods:
+        client.send(h11.Request(method=method, target="/", headers=[("Host", "t")]))
+        client.send(h11.EndOfMessage())
+        status, body = 0, b""
+        while True:
+            event = client.next_event()
+            assert event is not h11.NEED_DATA, f"answer {len(answers)} cut short"
+            if isinstance(event, h11.Response):
+                status = event.status_code
+            elif isinstance(event, h11.Data):
+                body += event.data
+            elif isinstance(event, h11.EndOfMessage):
+                break
+        answers.append((status, body))
+        if client.our_state is h11.DONE and client.their_state is h11.DONE:
+            client.start_next_cycle()
+    return answers
+
+
+@pytest.mark.usefixtures("hypercorn_with_frame_streams")
+async def test_answers_through_hypercorn_come_whole_whatever_their_shape() -> None:
+    """Held heads end to end: a body, no body (HEAD, 304), a body that reads like a head, a
+    large body, several answers on one connection, and an app that fails after its start."""
+    from quart import Response
+
+    app = QuartTrio(__name__)
+    big = "x" * 200_000
+
+    @app.route("/text")
+    async def text() -> Response:
+        return Response("HTTP/1.1 200 OK", content_type="text/plain")
+
+    @app.route("/big")
+    async def large() -> Response:
+        return Response(big, content_type="text/plain")
+
+    @app.route("/same")
+    async def same() -> Response:
+        return Response(b"", status=304)
+
+    served = app.asgi_app
+
+    async def failing(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] == "/fails":
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-length", b"5")]})  # fmt: skip
+            raise RuntimeError("the app failed after its answer's start")
+        await served(scope, receive, send)
+
+    app.asgi_app = failing  # type: ignore[method-assign, assignment]
+    async with serving(app, HyperConfig()) as url:
+        pipelined = b"".join(
+            f"{method} {path} HTTP/1.1\r\nHost: t\r\n\r\n".encode()
+            for method, path in [("GET", "/text"), ("HEAD", "/text"), ("GET", "/same")]
+        )
+        close = b"GET /big HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
+        answers = parse_answers(
+            await read_answers(url, pipelined + close),
+            ["GET", "HEAD", "GET", "GET"],
+        )
+        assert [(status, len(body)) for status, body in answers] == [
+            (200, 15),
+            (200, 0),
+            (304, 0),
+            (200, len(big)),
+        ]
+        assert answers[0][1] == b"HTTP/1.1 200 OK"
+        assert answers[3][1] == big.encode()
+        failed = await read_answers(url, b"GET /fails HTTP/1.1\r\nHost: t\r\n\r\n")
+        assert failed.startswith(b"HTTP/1.1 200")
+        assert b"content-length: 5" in failed
 
 
 # --- the hook's check and its fallback -------------------------------------------------------
