@@ -153,7 +153,8 @@ def register(app: QuartTrio) -> None:
             response = Response(b"", status=304, headers={"ETag": etag, **origin})
             del response.headers["Content-Type"]
             return response
-        return json_response(doc, 200, ETag=etag, **origin)
+        ctx.extra_headers.update(ETag=etag, **origin)  # as bytes, past werkzeug (api/http.py)
+        return json_response(doc, 200)
 
     @app.get("/v1/entries/<did>/lineage")
     @endpoint("read")

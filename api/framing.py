@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from api.errors import error_body
-from api.headers import REQUEST_SCOPE
+from api.headers import REQUEST_SCOPE, RESPONSE_HEADERS
 from ws.transport import CURRENT_STREAM
 
 ASGIApp = Callable[[Any, Any, Any], Awaitable[None]]
@@ -31,7 +31,8 @@ def framing_problem(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
 
 def with_framing_checks(app: ASGIApp, new_request_id: Callable[[], str]) -> ASGIApp:
     """`app` behind the framing check; also where each request's and handshake's scope is
-    published in `REQUEST_SCOPE` (api/headers.py) while the app serves it."""
+    published in `REQUEST_SCOPE` (api/headers.py) while the app serves it, and where an answer
+    gets the headers the app left in its scope's `RESPONSE_HEADERS`."""
 
     async def checked(scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] not in ("http", "websocket"):
@@ -63,6 +64,14 @@ def with_framing_checks(app: ASGIApp, new_request_id: Callable[[], str]) -> ASGI
                 )
                 await send({"type": "http.response.body", "body": body})
                 return
+
+            async def send_with_headers(message: Any) -> None:
+                if message["type"] == "http.response.start":
+                    added = scope.get(RESPONSE_HEADERS)
+                    if added:
+                        message["headers"] = [*message["headers"], *added]
+                await send(message)
+
             stream = CURRENT_STREAM.get()
             if stream is not None:
 
@@ -72,8 +81,10 @@ def with_framing_checks(app: ASGIApp, new_request_id: Callable[[], str]) -> ASGI
                         stream.request_read()  # the read deadline stops: the rest is ours
                     return message
 
-                await app(scope, receive_noting_the_end, send)
+                await app(scope, receive_noting_the_end, send_with_headers)
                 return
+            await app(scope, receive, send_with_headers)
+            return
         await app(scope, receive, send)
 
     return checked

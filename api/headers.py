@@ -20,6 +20,12 @@ from typing import Any
 
 from quart import has_request_context, has_websocket_context, request, websocket
 
+# In a request's ASGI scope: headers the app's ASGI entry (api/framing.py) adds to the answer as
+# they are, lower-case names and values as bytes. `endpoint` puts the headers every answer of a
+# route carries there (X-Request-Id, the rate-limit headers, the route's own): werkzeug's
+# `Headers` checks and scans for each one it sets, several times what the rest of it costs.
+RESPONSE_HEADERS = "registry.response_headers"
+
 REQUEST_SCOPE: ContextVar[dict[str, Any] | None] = ContextVar(
     "registry_request_scope", default=None
 )
@@ -53,6 +59,15 @@ def peer_address(scope: dict[str, Any]) -> str:
 def header(name: bytes) -> str | None:
     """The request's (or WebSocket handshake's) header `name`, given in lower case."""
     for key, value in _scope()["headers"]:
+        if key == name:
+            return str(value.decode("latin-1"))
+    return None
+
+
+def response_header(scope: dict[str, Any] | None, name: bytes) -> str | None:
+    """The value of the header `name` (lower case) that the answer to `scope` is to get from
+    `RESPONSE_HEADERS`; None when it gets none there."""
+    for key, value in (scope or {}).get(RESPONSE_HEADERS, ()):
         if key == name:
             return str(value.decode("latin-1"))
     return None

@@ -24,7 +24,7 @@ from werkzeug.exceptions import RequestEntityTooLarge
 
 from actors.ratelimiter import RateLimiter, SessionLookups
 from api.errors import body_unread, error_response, mark_body_read
-from api.headers import current_scope, header, peer_address
+from api.headers import RESPONSE_HEADERS, current_scope, header, peer_address
 from api.metrics import Metrics
 from registry import canonical
 from registry.caches import FollowedCache
@@ -243,10 +243,12 @@ def _paying_database_time(d: Deps, ctx: Ctx, klass: str, address: str) -> Iterat
 SESSION_LOOKUPS_BUCKET = "session_lookups"  # registry_rate_limited_total's label for them
 
 
-def rate_headers(decision: Decision, headers: Any) -> None:
-    headers["RateLimit-Limit"] = str(decision.limit)
-    headers["RateLimit-Remaining"] = str(decision.remaining)
-    headers["RateLimit-Reset"] = str(math.ceil(decision.reset_after))
+def rate_headers(decision: Decision) -> list[tuple[bytes, bytes]]:
+    return [
+        (b"ratelimit-limit", b"%d" % decision.limit),
+        (b"ratelimit-remaining", b"%d" % decision.remaining),
+        (b"ratelimit-reset", b"%d" % math.ceil(decision.reset_after)),
+    ]
 
 
 @dataclass(frozen=True)
@@ -268,6 +270,9 @@ def endpoint(
         @functools.wraps(handler)
         async def route(**kwargs: Any) -> Response:
             ctx = Ctx(new_request_id())
+            scope = current_scope()
+            assert scope is not None, "a route outside a request"
+            added = [(b"x-request-id", ctx.request_id.encode("latin-1"))]
             d = deps()
             g.rate_class = klass  # what a 429 is counted under (api/observe.py)
             try:
@@ -369,8 +374,10 @@ def endpoint(
                 refused_for_size = isinstance(exc, TooLarge) or g.rate_class == "body_bytes"
                 if body_limit and not ctx.body_read and not refused_for_size:
                     await _drain(limit, ctx)
-                response = error_response(exc, ctx.request_id)
-            response.headers["X-Request-Id"] = ctx.request_id
+                response = error_response(exc, ctx.request_id)  # with its X-Request-Id
+                added = []
+                if isinstance(exc, RateLimited):  # with the refusing bucket's RateLimit-*
+                    ctx.decision = None
             if ctx.principal is not None:
                 g.principal = ctx.principal.did  # for the access log
             if body_unread():
@@ -378,10 +385,13 @@ def endpoint(
                 # the rest of it may still be on the wire, so this connection cannot carry
                 # another request.
                 response.headers["Connection"] = "close"
+            # The answer's own headers go to the ASGI entry as bytes (api/headers.py); the
+            # names are none that a handler's response or `error_response` sets.
             if ctx.decision is not None and ctx.decision.allowed:
-                rate_headers(ctx.decision, response.headers)
+                added += rate_headers(ctx.decision)
             for name, value in ctx.extra_headers.items():
-                response.headers[name] = value
+                added.append((name.lower().encode("latin-1"), value.encode("latin-1")))
+            scope[RESPONSE_HEADERS] = added
             return response
 
         route.__admission__ = Admission(klass, auth, body_limit)  # type: ignore[attr-defined]

@@ -25,7 +25,7 @@ from typing import Any
 from quart import Response, g, request
 from quart_trio import QuartTrio
 
-from api.headers import current_scope
+from api.headers import current_scope, response_header
 from api.http import client_address, deps
 from api.metrics import UNROUTED, Metrics
 
@@ -47,24 +47,29 @@ def install(app: QuartTrio, metrics: Metrics, *, access_log: bool) -> None:
     @app.after_request
     async def finished(response: Response) -> Response:
         now = time.perf_counter()
-        seconds = now - (current_scope() or {}).get(_STARTED, now)
+        scope = current_scope()
+        seconds = now - (scope or {}).get(_STARTED, now)
         route = request.url_rule.rule if request.url_rule is not None else UNROUTED
         status = response.status_code
-        # `getlist`: werkzeug's `get` raises and catches an exception for an absent header.
-        replayed = "true" in response.headers.getlist("Idempotent-Replayed")
+        replayed = response_header(scope, b"idempotent-replayed") == "true"
         metrics.observe_request(route, request.method, status, seconds)
         if status == 429:
             metrics.rate_limited.labels(g.get("rate_class", "unknown")).inc()
         if replayed:
             metrics.replays.labels(route).inc()
         if access_log and ACCESS.isEnabledFor(logging.INFO):
-            _log(response, route, status, seconds, replayed)
+            request_id = response_header(scope, b"x-request-id")
+            if request_id is None:  # not a route's answer: an error handler's
+                request_id = response.headers.get("X-Request-Id", "")
+            _log(response, request_id, route, status, seconds, replayed)
         return response
 
 
-def _log(response: Response, route: str, status: int, seconds: float, replayed: bool) -> None:
+def _log(
+    response: Response, request_id: str, route: str, status: int, seconds: float, replayed: bool
+) -> None:
     fields: dict[str, object] = {
-        "requestId": response.headers.get("X-Request-Id", ""),
+        "requestId": request_id,
         "method": request.method,
         "route": route,
         "status": status,

@@ -100,13 +100,18 @@ async def test_a_workload_shows_in_the_metrics_and_the_access_log(
         entry = signed_entry(key, description=marker)
         headers = bearer(token, **{"Idempotency-Key": f"k-{uuid.uuid4()}"})
         headers["Cookie"] = f"registry_session={token}"
+        answered: list[str] = []  # the X-Request-Id of each answer, in order
         for _ in range(2):  # the second is a replay
-            assert (
-                await client.post("/v1/entries", json=entry, headers=headers)
-            ).status_code == 201
-        assert (await client.post("/v1/discover", json={})).status_code == 200
-        assert (await client.post("/v1/discover", json={})).status_code == 429
-        assert (await client.get("/v1/nowhere/" + marker)).status_code == 404
+            r = await client.post("/v1/entries", json=entry, headers=headers)
+            assert r.status_code == 201
+            answered.append(r.headers["X-Request-Id"])
+        for status in (200, 429):
+            r = await client.post("/v1/discover", json={})
+            assert r.status_code == status
+            answered.append(r.headers["X-Request-Id"])
+        r = await client.get("/v1/nowhere/" + marker)
+        assert r.status_code == 404
+        answered.append(r.headers["X-Request-Id"])
         async with client.websocket("/v1/events") as ws:  # one event reaches a subscriber
             await subscribe(ws, fromSequence=0, kinds=["entry.created"])
             await events(ws, 1)
@@ -156,6 +161,9 @@ async def test_a_workload_shows_in_the_metrics_and_the_access_log(
         assert {line["status"] for line in lines if line["route"] == "/v1/discover"} == {200, 429}
         assert any(line["route"] == "unrouted" and line["status"] == 404 for line in lines)
         assert len(lines) == len({line["requestId"] for line in lines})  # one line a request
+        logged_ids = [line["requestId"] for line in lines]  # the sign-in's come first
+        start = logged_ids.index(answered[0])
+        assert logged_ids[start : start + len(answered)] == answered
         logged = "\n".join(access_log.lines)
         seed = base64.urlsafe_b64encode(key.seed).decode().rstrip("=")
         secrets = [token, admin_token, marker, entry["signature"]["value"], key.seed.hex(), seed]
