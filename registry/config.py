@@ -156,6 +156,9 @@ class LimitsConfig(_Section):
     # A page of an entry's versions ends early likewise (100 versions of 1 MiB: 100 MiB), and a
     # page of log records once the entry versions it hashes hold this many bytes.
     versions_page_bytes: Annotated[int, Field(ge=1024)] = 4 * 1024 * 1024
+    # A page of attestations or reports ends early likewise: a credential may hold up to
+    # `small_body_bytes` (64 KiB), and 100 of them made a 6.4 MiB page.
+    trust_page_bytes: Annotated[int, Field(ge=1024)] = 1024 * 1024
     discover_cache_entries: Annotated[int, Field(ge=0, le=100_000)] = 2000  # 0: no result cache
     cache_mib: Annotated[int, Field(ge=1, le=65536)] = 4  # each of the entry and page caches
     # Divide every per-minute limit by the processes serving from the database (counted every

@@ -333,6 +333,21 @@ class TrustStore(Protocol):
         after the record created at `after_seq`."""
         ...
 
+    async def list_records_page(
+        self,
+        kind: str,
+        *,
+        entry_did: str | None = None,
+        status: str | None = None,
+        after_seq: int | None = None,
+        limit: int,
+        page_bytes: int,
+    ) -> tuple[list[RecordRow], bool]:
+        """`list_records`, ending before the first record whose predecessors' documents hold
+        `page_bytes` bytes (its document is never read; the first record always comes): the
+        records, and whether the page ended so."""
+        ...
+
 
 class SessionStore(Protocol):
     """Sign-in: challenges and sessions."""

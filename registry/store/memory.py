@@ -1002,6 +1002,26 @@ class MemoryStore:
         )
         return rows[:limit]
 
+    async def list_records_page(
+        self,
+        kind: str,
+        *,
+        entry_did: str | None = None,
+        status: str | None = None,
+        after_seq: int | None = None,
+        limit: int,
+        page_bytes: int,
+    ) -> tuple[list[RecordRow], bool]:
+        rows = await self.list_records(
+            kind, entry_did=entry_did, status=status, after_seq=after_seq, limit=limit
+        )
+        held = 0
+        for i, row in enumerate(rows):
+            if held >= page_bytes:  # (the first always comes)
+                return rows[:i], True
+            held += len(row.doc.encode("utf-8"))
+        return rows, False
+
     def _live_versions(self, entry_did: str) -> list[_Version]:
         """The entry's versions but its tombstone, newest first."""
         seqs = self._tables.versions_of.get(entry_did, [])

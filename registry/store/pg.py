@@ -290,6 +290,14 @@ def _record(row: Any) -> RecordRow:
     )
 
 
+# `_RECORD_COLUMNS`, with the document NULL (never read) once the page's earlier documents hold
+# $6 bytes: the first record always comes.
+_RECORD_COLUMNS_WITHIN_BUDGET = (
+    "kind, id, entry_did, owner_did, status, version,"
+    " (extract(epoch FROM expires_at) * 1000)::bigint AS expires_ms, created_seq, updated_seq,"
+    f" CASE WHEN {bytes_before('doc', 'created_seq')} < $6 THEN doc END AS doc"
+)
+
 _INTENT_COLUMNS = (
     "i.intent_id, i.entry_did, i.sequence, i.operation, i.item_data_hash, i.state, i.attempts,"
     " epoch_ms(i.available_at) AS available_ms, epoch_ms(i.created_at) AS created_ms,"
@@ -730,6 +738,35 @@ class PgStore:
             limit,
         )
         return [_record(r) for r in rows]
+
+    @_seam
+    async def list_records_page(
+        self,
+        kind: str,
+        *,
+        entry_did: str | None = None,
+        status: str | None = None,
+        after_seq: int | None = None,
+        limit: int,
+        page_bytes: int,
+    ) -> tuple[list[RecordRow], bool]:
+        rows = await self._pool.fetch(
+            f"SELECT {_RECORD_COLUMNS_WITHIN_BUDGET} FROM records WHERE kind = $1"
+            " AND ($2::text IS NULL OR entry_did = $2) AND ($3::text IS NULL OR status = $3)"
+            " AND ($4::bigint IS NULL OR created_seq > $4) ORDER BY created_seq LIMIT $5",
+            kind,
+            entry_did,
+            status,
+            after_seq,
+            limit,
+            page_bytes,
+        )
+        page: list[RecordRow] = []
+        for row in rows:
+            if row["doc"] is None:  # past the budget: not read
+                return page, True
+            page.append(_record(row))
+        return page, False
 
     @_seam
     async def change_versions(
@@ -1436,6 +1473,7 @@ class RoutedPgStore(PgStore):
     run_plan = _from_replica(PgStore.run_plan)
     get_record = _from_replica(PgStore.get_record)
     list_records = _from_replica(PgStore.list_records)
+    list_records_page = _from_replica(PgStore.list_records_page)
     replica_head = _from_replica(PgStore.replica_head)
     replica_versions = _from_replica(PgStore.replica_versions)
     replica_version = _from_replica(PgStore.replica_version)

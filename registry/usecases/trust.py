@@ -55,10 +55,15 @@ async def _page(
     status: str | None = None,
 ) -> tuple[list[RecordRow], str | None]:
     size = page_size(config.limits, limit)
-    rows = await store.list_records(
-        kind, entry_did=entry_did, status=status, after_seq=_cursor(cursor), limit=size + 1
+    rows, cut = await store.list_records_page(
+        kind,
+        entry_did=entry_did,
+        status=status,
+        after_seq=_cursor(cursor),
+        limit=size + 1,
+        page_bytes=config.limits.trust_page_bytes,
     )
-    more = len(rows) > size
+    more = cut or len(rows) > size
     rows = rows[:size]
     return rows, (str(rows[-1].created_seq) if more else None)
 

@@ -495,6 +495,42 @@ async def test_list_pages_through_every_attestation_of_the_entry_oldest_first(
     assert page["hasMore"] is False
 
 
+async def test_a_list_page_ends_once_its_attestations_hold_the_page_bytes(
+    database_url: str, tmp_path: Path
+) -> None:
+    """`limits.trust_page_bytes`: a page ends early (hasMore, with a cursor) before the first
+    attestation whose predecessors on the page hold that many bytes; one larger than the whole
+    budget still comes, alone."""
+    config = make_config(database_url, tmp_path, limits={"trust_page_bytes": 4096})
+
+    async def body(h: Harness) -> None:
+        owner, issuer = SigningKey.generate(), SigningKey.generate()
+        owner_t, issuer_t = await sign_in(h.client, owner), await sign_in(h.client, issuer)
+        entry = await create(h, owner, owner_t)
+        w = World(h, owner, owner_t, issuer, issuer_t, issuer, issuer_t, entry)
+        blobs = [6000, 1500, 1500, 1500, 1500]  # one of ~7 KB stored, then ~2.5 KB each
+        made = [
+            (await attest(w, credential(w, claims={"blob": "x" * n, "nonce": i})))["attestationId"]
+            for i, n in enumerate(blobs)
+        ]
+        pages: list[list[str]] = []
+        cursor: str | None = None
+        while True:
+            url = f"/v1/entries/{w.did}/attestations?limit=100"
+            r = await h.client.get(url + (f"&cursor={cursor}" if cursor else ""))
+            assert r.status_code == 200, await r.get_data()
+            page = await r.get_json()
+            pages.append([a["attestationId"] for a in page["attestations"]])
+            if not page["hasMore"]:
+                assert "cursor" not in page
+                break
+            cursor = page["cursor"]
+        # The 7 KB one comes alone; 2.5 + 2.5 KB hold 4 KB: the third starts a page.
+        assert pages == [made[0:1], made[1:3], made[3:5]]
+
+    await with_harness(config, body)
+
+
 async def test_list_of_an_entry_without_attestations_is_empty(world: World) -> None:
     r = await world.h.client.get(f"/v1/entries/{world.did}/attestations")
     assert r.status_code == 200, await r.get_data()

@@ -886,3 +886,30 @@ async def test_a_cached_entry_serves_what_a_fresh_read_does_once_an_attestation_
     assert w.entries.cache.get(did) is not None  # cached
     await until_ms(clock_ms() + 2 * 3600 * 1000)  # the first has expired
     assert shown(await w.entries.read(did)) == INLINE_ATTESTATIONS  # the 51st moved up
+
+
+async def test_a_page_of_records_ends_before_the_first_past_its_bytes(
+    autojump_clock: trio.testing.MockClock, w: World
+) -> None:
+    """The memory store's `list_records_page` as PostgreSQL's (tests/api/test_attestations.py):
+    a record comes while its predecessors on the page hold fewer than `page_bytes` bytes; the
+    first always comes."""
+    owner = party("entries.write")
+    did, _ = await publish(w, owner)
+    for i in range(4):
+        reporter = party("report")
+        body = {"entryDid": did, "reason": "spam"}
+        made = await w.reports.create(reporter.principal, body, idem(reporter, "r", str(i)))
+        assert made.refusal is None
+    rows = await w.store.list_records("report", limit=10)
+    sizes = [len(r.doc.encode()) for r in rows]
+    ids = [r.id for r in rows]
+
+    async def page(page_bytes: int) -> tuple[list[str], bool]:
+        found, cut = await w.store.list_records_page("report", limit=10, page_bytes=page_bytes)
+        return [r.id for r in found], cut
+
+    assert await page(1) == (ids[:1], True)
+    assert await page(sizes[0] + sizes[1]) == (ids[:2], True)
+    assert await page(sizes[0] + sizes[1] + 1) == (ids[:3], True)
+    assert await page(sum(sizes)) == (ids, False)
