@@ -13,7 +13,7 @@ from typing import Any
 
 from quart import Response
 
-from api.headers import current_scope
+from api.headers import RESPONSE_HEADERS, current_scope
 from registry.errors import RateLimited, RegistryError, Unavailable
 
 log = logging.getLogger("registry.api")
@@ -67,6 +67,11 @@ def error_response(exc: BaseException, request_id: str) -> Response:
         content_type="application/json",
     )
     response.headers["X-Request-Id"] = request_id
+    scope = current_scope()
+    if scope is not None:
+        # A route that answered before something failed (a hook after it) left its own headers
+        # for the ASGI entry (api/headers.py): this answer is not that one.
+        scope.pop(RESPONSE_HEADERS, None)
     if body_unread():
         response.headers["Connection"] = "close"
     if isinstance(exc, RateLimited):

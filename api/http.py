@@ -44,7 +44,8 @@ from registry.usecases.transparency import Transparency
 from registry.usecases.trust import Attestations, Bonds, Reports
 
 SESSION_COOKIE = "registry_session"
-_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
+_UNSAFE_VALUE = re.compile(r"[\r\n\0]")  # in a response header's value
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 
 
 @dataclass
@@ -121,7 +122,7 @@ def fresh_request_id() -> str:
 
 def new_request_id() -> str:
     supplied = header(b"x-request-id")
-    if supplied and _REQUEST_ID.match(supplied):
+    if supplied and _REQUEST_ID.fullmatch(supplied):
         return supplied
     return fresh_request_id()
 
@@ -390,6 +391,8 @@ def endpoint(
             if ctx.decision is not None and ctx.decision.allowed:
                 added += rate_headers(ctx.decision)
             for name, value in ctx.extra_headers.items():
+                if _UNSAFE_VALUE.search(value):  # werkzeug refused these; h11 would, later
+                    raise ValueError(f"header {name} carries a line break or NUL")
                 added.append((name.lower().encode("latin-1"), value.encode("latin-1")))
             scope[RESPONSE_HEADERS] = added
             return response

@@ -750,10 +750,14 @@ class PgStore:
         limit: int,
         page_bytes: int,
     ) -> tuple[list[RecordRow], bool]:
+        # The window over the page's rows only: over the whole filter, the reports of every
+        # status would all be sorted (no index orders one kind alone), documents and all.
         rows = await self._pool.fetch(
-            f"SELECT {_RECORD_COLUMNS_WITHIN_BUDGET} FROM records WHERE kind = $1"
-            " AND ($2::text IS NULL OR entry_did = $2) AND ($3::text IS NULL OR status = $3)"
-            " AND ($4::bigint IS NULL OR created_seq > $4) ORDER BY created_seq LIMIT $5",
+            f"SELECT {_RECORD_COLUMNS_WITHIN_BUDGET} FROM ("
+            "  SELECT * FROM records WHERE kind = $1"
+            "  AND ($2::text IS NULL OR entry_did = $2) AND ($3::text IS NULL OR status = $3)"
+            "  AND ($4::bigint IS NULL OR created_seq > $4) ORDER BY created_seq LIMIT $5"
+            ") AS page ORDER BY created_seq",
             kind,
             entry_did,
             status,

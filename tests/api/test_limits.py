@@ -555,3 +555,50 @@ async def test_an_address_runs_a_few_queries_at_once(database_url: str, tmp_path
             assert r.status_code == 200, await r.get_data()
 
     await with_harness(config, body)
+
+
+async def test_an_answer_that_fails_after_its_route_carries_only_the_error_answers_headers(
+    database_url: str, tmp_path: Path
+) -> None:
+    """A route's own headers go to the ASGI entry apart from its response (api/headers.py): when
+    something fails after the route answered (a hook), the 500 that replaces the answer carries
+    its own request id once, not the route's headers too; and a route header value with a line
+    break is refused as werkzeug refused it, with a JSON 500."""
+    from quart import Response
+
+    from api.http import Ctx, endpoint
+
+    async def body(h: Harness) -> None:
+        app = h.service.app
+
+        @app.after_request
+        async def fail_when_asked(response: Response) -> Response:
+            if response.status_code == 200 and "x-fail-after" in {
+                k.lower() for k in app_request_headers()
+            }:
+                raise RuntimeError("a hook after the route failed")
+            return response
+
+        @app.get("/v1/test-broken-header")
+        @endpoint("read")
+        async def broken(ctx: Ctx) -> Response:
+            ctx.extra_headers["ETag"] = '"s1"\r\nSet-Cookie: x=1'
+            return Response("{}", content_type="application/json")
+
+        client = anon_client(h)
+        r = await client.get("/v1/health", headers={"X-Fail-After": "1"})
+        error = await error_of(r, 500, "internal_error")
+        assert r.headers.getlist("X-Request-Id") == [error["requestId"]]
+        assert r.headers.get("RateLimit-Limit") is None
+        r = await client.get("/v1/test-broken-header")
+        error = await error_of(r, 500, "internal_error")
+        assert r.headers.getlist("X-Request-Id") == [error["requestId"]]
+        assert r.headers.get("Set-Cookie") is None
+        assert (await client.get("/v1/health")).status_code == 200  # the rest is unharmed
+
+    def app_request_headers() -> list[str]:
+        from quart import request
+
+        return list(request.headers.keys())
+
+    await with_harness(make_config(database_url, tmp_path), body)
