@@ -104,6 +104,13 @@ def run_bare_server(port: int) -> None:
     from quart_trio import QuartTrio
 
     logging.basicConfig(level=logging.WARNING)
+    if os.environ.get("BENCH_BARE_HOOKED") == "1":
+        # The registry's connection hook (ws/transport.py: one write per answer) around the
+        # bare app's connections too, without its limits: what is left between the rows is
+        # the application's work.
+        from ws.transport import install_in_hypercorn
+
+        assert install_in_hypercorn()
     body = bare_document()
     app = QuartTrio("bare")
 
