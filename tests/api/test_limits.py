@@ -602,3 +602,17 @@ async def test_an_answer_that_fails_after_its_route_carries_only_the_error_answe
         return list(request.headers.keys())
 
     await with_harness(make_config(database_url, tmp_path), body)
+
+
+def test_a_request_id_with_a_trailing_line_break_is_replaced_not_echoed() -> None:
+    """h11 splits header lines on LF, but another server in front (or HTTP/2) may hand over a
+    value ending in one: a `$` anchor would have accepted "trace-1\\n" and echoed it."""
+    from api.headers import REQUEST_SCOPE
+    from api.http import new_request_id
+
+    for supplied, echoed in ((b"trace-1", True), (b"trace-1\n", False), (b"trace 1", False)):
+        published = REQUEST_SCOPE.set({"headers": [(b"x-request-id", supplied)]})
+        try:
+            assert (new_request_id() == supplied.decode()) is echoed, supplied
+        finally:
+            REQUEST_SCOPE.reset(published)
