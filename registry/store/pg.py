@@ -269,10 +269,11 @@ def _outcome(row: Any, idem: IdemKey | None) -> Outcome:
     return outcome
 
 
-_RECORD_COLUMNS = (
+_RECORD_FIELDS = (
     "kind, id, entry_did, owner_did, status, version,"
-    " (extract(epoch FROM expires_at) * 1000)::bigint AS expires_ms, created_seq, updated_seq, doc"
+    " (extract(epoch FROM expires_at) * 1000)::bigint AS expires_ms, created_seq, updated_seq"
 )
+_RECORD_COLUMNS = _RECORD_FIELDS + ", doc"
 
 
 def _record(row: Any) -> RecordRow:
@@ -293,9 +294,14 @@ def _record(row: Any) -> RecordRow:
 # `_RECORD_COLUMNS`, with the document NULL (never read) once the page's earlier documents hold
 # $6 bytes: the first record always comes.
 _RECORD_COLUMNS_WITHIN_BUDGET = (
-    "kind, id, entry_did, owner_did, status, version,"
-    " (extract(epoch FROM expires_at) * 1000)::bigint AS expires_ms, created_seq, updated_seq,"
-    f" CASE WHEN {bytes_before('doc', 'created_seq')} < $6 THEN doc END AS doc"
+    f"{_RECORD_FIELDS}, CASE WHEN {bytes_before('doc', 'created_seq')} < $6 THEN doc END AS doc"
+)
+# The records a list asks for: of kind $1 (of entry $2, in status $3, created after $4), the
+# first $5 by creation position.
+_RECORDS_LISTED = (
+    "FROM records WHERE kind = $1"
+    " AND ($2::text IS NULL OR entry_did = $2) AND ($3::text IS NULL OR status = $3)"
+    " AND ($4::bigint IS NULL OR created_seq > $4) ORDER BY created_seq LIMIT $5"
 )
 
 _INTENT_COLUMNS = (
@@ -728,9 +734,7 @@ class PgStore:
         limit: int = 100,
     ) -> list[RecordRow]:
         rows = await self._pool.fetch(
-            f"SELECT {_RECORD_COLUMNS} FROM records WHERE kind = $1"
-            " AND ($2::text IS NULL OR entry_did = $2) AND ($3::text IS NULL OR status = $3)"
-            " AND ($4::bigint IS NULL OR created_seq > $4) ORDER BY created_seq LIMIT $5",
+            f"SELECT {_RECORD_COLUMNS} {_RECORDS_LISTED}",
             kind,
             entry_did,
             status,
@@ -753,11 +757,8 @@ class PgStore:
         # The window over the page's rows only: over the whole filter, the reports of every
         # status would all be sorted (no index orders one kind alone), documents and all.
         rows = await self._pool.fetch(
-            f"SELECT {_RECORD_COLUMNS_WITHIN_BUDGET} FROM ("
-            "  SELECT * FROM records WHERE kind = $1"
-            "  AND ($2::text IS NULL OR entry_did = $2) AND ($3::text IS NULL OR status = $3)"
-            "  AND ($4::bigint IS NULL OR created_seq > $4) ORDER BY created_seq LIMIT $5"
-            ") AS page ORDER BY created_seq",
+            f"SELECT {_RECORD_COLUMNS_WITHIN_BUDGET}"
+            f" FROM (SELECT * {_RECORDS_LISTED}) AS page ORDER BY created_seq",
             kind,
             entry_did,
             status,
