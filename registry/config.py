@@ -125,6 +125,9 @@ class AuthConfig(_Section):
 
 
 DEFAULT_PAGE_SIZE = 20
+# A page's byte budget goes to PostgreSQL as a parameter: bounded so that any accepted value
+# fits it (a larger one was refused there, on every list, as the request's fault).
+MAX_PAGE_BYTES = 1 << 30
 
 
 class LimitsConfig(_Section):
@@ -152,13 +155,13 @@ class LimitsConfig(_Section):
     body_bytes_per_minute_per_address: Annotated[int, Field(ge=1024)] = 16 * 1024 * 1024
     # A discovery page ends early (hasMore, with a cursor) once its documents hold this many
     # bytes: a page of 100 entries of up to 1 MiB each would otherwise be 100 MiB.
-    discover_page_bytes: Annotated[int, Field(ge=1024)] = 4 * 1024 * 1024
+    discover_page_bytes: Annotated[int, Field(ge=1024, le=MAX_PAGE_BYTES)] = 4 * 1024 * 1024
     # A page of an entry's versions ends early likewise (100 versions of 1 MiB: 100 MiB), and a
     # page of log records once the entry versions it hashes hold this many bytes.
-    versions_page_bytes: Annotated[int, Field(ge=1024)] = 4 * 1024 * 1024
+    versions_page_bytes: Annotated[int, Field(ge=1024, le=MAX_PAGE_BYTES)] = 4 * 1024 * 1024
     # A page of attestations or reports ends early likewise: a credential may hold up to
     # `small_body_bytes` (64 KiB), and 100 of them made a 6.4 MiB page.
-    trust_page_bytes: Annotated[int, Field(ge=1024)] = 1024 * 1024
+    trust_page_bytes: Annotated[int, Field(ge=1024, le=MAX_PAGE_BYTES)] = 1024 * 1024
     discover_cache_entries: Annotated[int, Field(ge=0, le=100_000)] = 2000  # 0: no result cache
     cache_mib: Annotated[int, Field(ge=1, le=65536)] = 4  # each of the entry and page caches
     # Divide every per-minute limit by the processes serving from the database (counted every

@@ -531,6 +531,34 @@ async def test_a_list_page_ends_once_its_attestations_hold_the_page_bytes(
     await with_harness(config, body)
 
 
+async def test_the_largest_page_byte_budgets_list_through_postgresql(
+    database_url: str, tmp_path: Path
+) -> None:
+    """At the largest budget the configuration accepts (1 GiB), every byte-capped list still
+    answers (each budget is a parameter of its SQL)."""
+    largest = 1 << 30
+    limits = {"trust_page_bytes": largest, "versions_page_bytes": largest}
+    config = make_config(database_url, tmp_path, limits={**limits, "discover_page_bytes": largest})
+
+    async def body(h: Harness) -> None:
+        owner, issuer = SigningKey.generate(), SigningKey.generate()
+        owner_t, issuer_t = await sign_in(h.client, owner), await sign_in(h.client, issuer)
+        entry = await create(h, owner, owner_t)
+        w = World(h, owner, owner_t, issuer, issuer_t, issuer, issuer_t, entry)
+        made = (await attest(w))["attestationId"]
+        r = await h.client.get(f"/v1/entries/{w.did}/attestations")
+        assert r.status_code == 200, await r.get_data()
+        assert [a["attestationId"] for a in (await r.get_json())["attestations"]] == [made]
+        r = await h.client.get(f"/v1/entries/{w.did}/versions")
+        assert r.status_code == 200, await r.get_data()
+        assert (await r.get_json())["totalCount"] == 1
+        r = await h.client.post("/v1/discover", json={"entryType": "*"})
+        assert r.status_code == 200, await r.get_data()
+        assert w.did in [e["entryDid"] for e in (await r.get_json())["entries"]]
+
+    await with_harness(config, body)
+
+
 async def test_list_of_an_entry_without_attestations_is_empty(world: World) -> None:
     r = await world.h.client.get(f"/v1/entries/{world.did}/attestations")
     assert r.status_code == 200, await r.get_data()

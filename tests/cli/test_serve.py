@@ -154,6 +154,17 @@ def test_a_max_page_size_below_the_default_lowers_the_default() -> None:
         )
 
 
+@pytest.mark.parametrize("key", ["discover_page_bytes", "versions_page_bytes", "trust_page_bytes"])
+def test_a_page_byte_budget_above_one_gib_is_refused_at_load(key: str) -> None:
+    """A page's byte budget is a PostgreSQL parameter: one it could not take (2**63 was
+    accepted and then failed every list with a 400 blaming the request) is refused here."""
+    assert getattr(load_config(None, environ={}, overrides={"limits": {key: 1 << 30}}).limits, key)
+    with pytest.raises(ConfigError, match=key):
+        load_config(None, environ={}, overrides={"limits": {key: (1 << 30) + 1}})
+    with pytest.raises(ConfigError, match=key):
+        load_config(None, environ={f"REGISTRY_LIMITS__{key.upper()}": str(2**63)})
+
+
 def test_the_service_starts_with_max_page_size_2_and_pages_by_2(server: Server) -> None:
     """The module's server runs with REGISTRY_LIMITS__MAX_PAGE_SIZE=2 and no default page size."""
     from cli.client import RegistryClient
