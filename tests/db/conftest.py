@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.db.test_federation_process import Cluster, databases
+from tests.db.proc import databases
+from tests.db.test_federation_process import Cluster
 
 
 @pytest.fixture(scope="module")

@@ -1,18 +1,26 @@
-"""Running `registry serve` as a real subprocess, for the end-to-end and crash tests."""
+"""Running `registry serve` as a real subprocess, for the end-to-end and crash tests, and the
+databases of several registries on the test server."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import secrets
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
+import asyncpg
 import httpx
+
+from registry.store.migrate import _migrate, load_migrations
 
 
 def free_port() -> int:
@@ -103,3 +111,37 @@ def run_server(
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+def query(url: str, sql: str, *args: Any) -> list[asyncpg.Record]:
+    async def run() -> list[asyncpg.Record]:
+        conn = await asyncpg.connect(url)
+        try:
+            return list(await conn.fetch(sql, *args))
+        finally:
+            await conn.close()
+
+    return asyncio.run(run())
+
+
+@contextmanager
+def databases(database_url: str) -> Iterator[Callable[[], str]]:
+    """Fresh, migrated databases on the server of `database_url` (one per node), created the
+    way conftest creates the session's database, dropped at the end."""
+    parts = urlsplit(database_url)
+    admin_url = urlunsplit(parts._replace(path="/postgres"))
+    created: list[str] = []
+
+    def create() -> str:
+        name = f"registry_test_{secrets.token_hex(4)}"
+        query(admin_url, f"CREATE DATABASE {name}")
+        created.append(name)
+        url = urlunsplit(parts._replace(path=f"/{name}"))
+        asyncio.run(_migrate(url, load_migrations()))
+        return url
+
+    try:
+        yield create
+    finally:
+        for name in created:
+            query(admin_url, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")

@@ -24,29 +24,25 @@ intervals, each wait under a deadline.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import secrets
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
 
-import asyncpg
 import httpx
 
 from cli.client import RegistryClient, entry_path
 from registry.canonical import canonicalize
 from registry.keys import SigningKey, write_key_file
 from registry.models import parse_datetime
-from registry.store.migrate import _migrate, load_migrations
-from tests.db.proc import Server, free_port, run_server
+from tests.db.proc import Server, free_port, query, run_server
 from tests.helpers import entry_template
 
 T = TypeVar("T")
@@ -58,43 +54,6 @@ BUDGET_SECONDS = 2.0
 # it is retried after the breaker's 30 s cooldown.
 DEADLINE = 45.0
 POLL = 0.05
-
-
-# --- databases ---------------------------------------------------------------------------------
-
-
-def query(url: str, sql: str, *args: Any) -> list[asyncpg.Record]:
-    async def run() -> list[asyncpg.Record]:
-        conn = await asyncpg.connect(url)
-        try:
-            return list(await conn.fetch(sql, *args))
-        finally:
-            await conn.close()
-
-    return asyncio.run(run())
-
-
-@contextmanager
-def databases(database_url: str) -> Iterator[Callable[[], str]]:
-    """Fresh, migrated databases on the server of `database_url` (one per node), created the
-    way conftest creates the session's database, dropped at the end."""
-    parts = urlsplit(database_url)
-    admin_url = urlunsplit(parts._replace(path="/postgres"))
-    created: list[str] = []
-
-    def create() -> str:
-        name = f"registry_test_{secrets.token_hex(4)}"
-        query(admin_url, f"CREATE DATABASE {name}")
-        created.append(name)
-        url = urlunsplit(parts._replace(path=f"/{name}"))
-        asyncio.run(_migrate(url, load_migrations()))
-        return url
-
-    try:
-        yield create
-    finally:
-        for name in created:
-            query(admin_url, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
 # --- nodes -------------------------------------------------------------------------------------
