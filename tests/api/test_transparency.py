@@ -20,7 +20,7 @@ from registry.did import public_key_from_did_key
 from registry.keys import SigningKey
 from tests.api.api_support import anon_client, error_of
 from tests.conftest import Harness, make_config, open_harness
-from tests.db.test_federation_process import databases
+from tests.db.proc import databases
 from tests.helpers import bearer, idem, next_version, sign_in, signed_entry
 from tests.registry.test_transparency import mth, root_from_path, roots_from_proof
 

@@ -14,8 +14,7 @@ import pytest
 from cli.client import RegistryClient
 from registry.keys import SigningKey
 from tests.cli.cli_support import Cli
-from tests.db.proc import Server, run_server
-from tests.db.test_federation_process import databases, query
+from tests.db.proc import Server, databases, query, run_server
 from tests.helpers import entry_template
 
 DEADLINE = 30.0

@@ -14,7 +14,8 @@ import httpx
 import pytest
 
 from cli.client import RegistryClient
-from tests.db.test_federation_process import Cluster, databases
+from tests.db.proc import databases
+from tests.db.test_federation_process import Cluster
 from tests.helpers import system_tool
 
 DEADLINE_S = 60.0  # a stopped peer's breaker opens after 5 refused pulls (~8 s of backoff)

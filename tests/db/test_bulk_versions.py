@@ -19,7 +19,7 @@ import pytest
 from registry.changes import IDEMPOTENCY_WINDOW_MS, Change, IdemKey
 from registry.store.pg import SESSION_SETTINGS, append_payload
 from registry.usecases.entries import entry_change
-from tests.db.test_federation_process import databases
+from tests.db.proc import databases
 
 APPEND = "SELECT * FROM append_changes($1::jsonb, $2) ORDER BY idx"
 
