@@ -39,8 +39,10 @@ pins, the class and its constructor as the subclass expects them); where it does
 where the operator turns it off (`server.connection_hook = false`), the registry serves
 anyway, says so in an error line at start, and every connection takes Hypercorn's ordinary
 path: events one ASGI message each, and only Hypercorn's own limits (keep-alive timeout,
-incomplete-request size). Connections over TLS or HTTP/2 are never wrapped; their subscribers
-take the ordinary path too.
+incomplete-request size). Connections over TLS are never wrapped; their subscribers take the
+ordinary path too. A plain connection that switches to HTTP/2 (its preface first, or an h2c
+upgrade) stays wrapped but is passed through (`http2`): the caps and the write timeout hold,
+the read deadlines of one HTTP/1.1 request at a time do not.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ import logging
 import math
 import os
 import socket as stdlib_socket
+import struct
 from collections import deque
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -68,6 +71,9 @@ HELD_HEAD_BYTES = 16 * 1024
 # A body up to this size is copied behind its held head, to go out in one write; a larger one
 # is written after the head.
 MERGED_BODY_BYTES = 64 * 1024
+
+# What a client speaking HTTP/2 with prior knowledge sends first (RFC 9113 §3.4).
+H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
 CURRENT_STREAM: ContextVar[FrameStream | None] = ContextVar("registry_frame_stream", default=None)
 
@@ -283,6 +289,11 @@ class FrameStream(trio.abc.HalfCloseableStream):
         self._closed = False
         self.broken = False
         self.websocket = False  # upgraded: every write is now one WebSocket frame
+        # HTTP/2 in clear text (prior knowledge, or an h2c upgrade): Hypercorn's own framing,
+        # passed through with the connection caps and the write timeout only (`_start_http2`).
+        self.http2 = False
+        # A request's first bytes, until they tell whether it is HTTP/2's preface (None: not).
+        self._opening: bytes | None = b""
         self.sealed = False  # a close frame went out: nothing may follow it
         self.stalled_since: float | None = None
 
@@ -293,7 +304,7 @@ class FrameStream(trio.abc.HalfCloseableStream):
     @property
     def request_under_way(self) -> bool:
         """A byte of a request has come and its final answer has not gone out."""
-        return self._request_since is not None and not self.websocket
+        return self._request_since is not None and not self.websocket and not self.http2
 
     def offer(self, data: bytes) -> bool:
         """Send `data` after everything sent or offered before it, without waiting. Returns
@@ -371,6 +382,14 @@ class FrameStream(trio.abc.HalfCloseableStream):
         self._held_head = None
         self._inner.socket.close()  # wakes a task waiting to write, with ClosedResourceError
 
+    def reset(self) -> None:
+        """`abort` with a TCP reset (no clean end): for an answer that could not be sent whole."""
+        with contextlib.suppress(OSError):
+            self._inner.socket.setsockopt(
+                stdlib_socket.SOL_SOCKET, stdlib_socket.SO_LINGER, struct.pack("ii", 1, 0)
+            )
+        self.abort()
+
     def cut(self) -> None:
         """`abort`, and end Hypercorn's task for this connection with it: on its own, Hypercorn
         would wait for its keep-alive timer before letting the connection go."""
@@ -394,16 +413,22 @@ class FrameStream(trio.abc.HalfCloseableStream):
                 data = head + bytes(data)
             else:  # not copied to save a segment: the head goes first, on its own
                 self._queue(head)
+        elif self.http2:
+            pass
         elif not self.websocket:
             head = bytes(data[:13])
-            if head == b"HTTP/1.1 101 ":  # the upgrade: frames from here on
-                self.websocket = True
-                self._renew_read_deadline()
+            if head == b"HTTP/1.1 101 ":  # an upgrade: HTTP/2 (h2c), or WebSocket frames
+                if b"\nupgrade: h2c\r" in bytes(data).lower():
+                    self._start_http2()
+                else:
+                    self.websocket = True
+                    self._renew_read_deadline()
             elif head.startswith(b"HTTP/1.") and head[9:10] != b"1":
                 # A final answer (not `100 Continue`): the request is over, and the next byte
                 # from the client starts another; meanwhile the keep-alive timeout applies.
                 self._request_since = None
                 self._awaiting_answer = False
+                self._opening = b""
                 self._answered = trio.current_time()
                 self._renew_read_deadline()
                 if len(data) <= HELD_HEAD_BYTES:
@@ -454,9 +479,16 @@ class FrameStream(trio.abc.HalfCloseableStream):
             raise trio.BusyResourceError("a write is under way")
         if head is not None and not self._closed and not self.broken:
             # An answer whose body never came (the app failed after its start, or its task
-            # was cancelled): its head goes out, as it would have without the hold.
-            with contextlib.suppress(trio.BrokenResourceError):
-                self._write(head)
+            # was cancelled): its head goes out, as it would have without the hold. Closing
+            # does not wait: where the socket takes only part of it, the connection is reset,
+            # so that the client never sees half a head and then a clean end.
+            try:
+                sent = self._write(head)
+            except trio.BrokenResourceError:
+                sent = len(head)  # gone already: nothing to end
+            if sent < len(head):
+                self.reset()
+                raise trio.BrokenResourceError("the answer's head did not fit the socket")
         try:
             self._inner.socket.shutdown(stdlib_socket.SHUT_WR)
         except OSError as exc:
@@ -475,6 +507,16 @@ class FrameStream(trio.abc.HalfCloseableStream):
         if scope.cancelled_caught:
             self.cut()
             raise trio.TooSlowError
+        if self.http2:
+            return data
+        if self._opening is not None and not self.websocket:  # (Hypercorn switches on any)
+            self._opening += data[: len(H2_PREFACE) - len(self._opening)]
+            if self._opening == H2_PREFACE[: len(self._opening)]:
+                if len(self._opening) == len(H2_PREFACE):
+                    self._start_http2()
+                    return data
+            else:
+                self._opening = None
         if self.websocket:
             if self._client_frames is None:
                 self._client_frames = ClientFrames(limits)
@@ -487,7 +529,7 @@ class FrameStream(trio.abc.HalfCloseableStream):
         return data
 
     def _read_deadline(self, limits: ConnectionLimits) -> float:
-        if self.websocket:  # the event stream's own idle and send rules apply
+        if self.websocket or self.http2:  # the event stream's (Hypercorn's HTTP/2) rules apply
             return math.inf
         since = self._request_since
         if since is None:  # between requests (or before the first): the keep-alive timeout
@@ -496,10 +538,21 @@ class FrameStream(trio.abc.HalfCloseableStream):
             return math.inf
         return min(since + limits.request_timeout, trio.current_time() + limits.read_timeout)
 
+    def _start_http2(self) -> None:
+        """The connection speaks HTTP/2 from here on: its streams interleave, so the read
+        deadlines of one HTTP/1.1 request at a time do not apply; Hypercorn's own HTTP/2 rules
+        do (its keep-alive timeout for a connection without a stream), as on TLS connections,
+        which are never wrapped. The connection caps and the write timeout stay."""
+        self.http2 = True
+        self._opening = None
+        self._request_since = None
+        self._awaiting_answer = False
+        self._renew_read_deadline()
+
     def request_read(self) -> None:
         """The app has read the whole request (head and body): until its answer the client owes
         no byte, so no read deadline runs (a slow handler is not the client's fault)."""
-        if not self.websocket and self._request_since is not None:
+        if not self.websocket and not self.http2 and self._request_since is not None:
             self._awaiting_answer = True
             self._renew_read_deadline()
 

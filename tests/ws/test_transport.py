@@ -264,6 +264,35 @@ async def test_a_held_head_whose_body_never_comes_goes_out_when_the_connection_e
         assert received == HEAD
 
 
+async def test_a_held_head_the_socket_takes_in_part_at_the_end_resets_the_connection() -> None:
+    """`send_eof` cannot wait for a client that is not reading: rather than half a head and a
+    clean end (which a client could take for a whole, bodiless answer), the connection is reset."""
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    async with listeners[0] as listener:
+        port = listener.socket.getsockname()[1]
+        client_sock = trio.socket.socket()
+        client_sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, BUFFER)
+        await client_sock.connect(("127.0.0.1", port))
+        server = await listener.accept()
+        server.socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, BUFFER)
+        stream, peer = FrameStream(server), trio.SocketStream(client_sock)
+        head = b"HTTP/1.1 200 \r\nx-pad: " + b"p" * 12_000 + b"\r\ncontent-length: 5\r\n\r\n"
+        async with stream, peer:
+            stream.offer(b"x" * 200_000)  # what the client has not read fills the socket
+            await stream.send_all(head)  # held (12 KiB <= HELD_HEAD_BYTES)
+            with pytest.raises(trio.BrokenResourceError):
+                await stream.send_eof()  # the app failed before its body
+            received = bytearray()
+
+            async def drain() -> None:
+                while chunk := await peer.receive_some():
+                    received.extend(chunk)
+
+            with trio.fail_after(DEADLINE), pytest.raises(trio.BrokenResourceError):
+                await drain()
+        assert not received.endswith(head)
+
+
 async def test_a_body_write_cancelled_before_it_starts_leaves_the_head_held() -> None:
     async with socket_pair() as (stream, peer):
         await stream.send_all(HEAD)
@@ -398,6 +427,103 @@ async def test_a_handler_slower_than_the_read_timeout_still_answers() -> None:
                 answer += chunk
             await stream.aclose()
     assert answer.startswith(b"HTTP/1.1 200")
+
+
+async def h2_get(stream: trio.SocketStream, conn: Any, path: str, events: list[Any]) -> bytes:
+    """GET `path` on an HTTP/2 connection (`h2`'s client `conn`, events already received in
+    `events`): the body of its answer."""
+    import h2.events
+
+    stream_id = conn.get_next_available_stream_id()
+    if path:
+        headers = [(":method", "GET"), (":path", path), (":scheme", "http"), (":authority", "t")]
+        conn.send_headers(stream_id, headers, end_stream=True)
+    else:  # the request of an h2c upgrade: stream 1, answered over HTTP/2
+        stream_id = 1
+    body = b""
+    with trio.fail_after(DEADLINE):
+        while True:
+            for event in events:
+                if isinstance(event, h2.events.DataReceived) and event.stream_id == stream_id:
+                    body += event.data
+                    conn.acknowledge_received_data(event.flow_controlled_length, stream_id)
+                if isinstance(event, h2.events.StreamEnded) and event.stream_id == stream_id:
+                    if out := conn.data_to_send():
+                        await stream.send_all(out)
+                    return body
+            if out := conn.data_to_send():
+                await stream.send_all(out)
+            chunk = await stream.receive_some()
+            assert chunk, f"the connection was cut; the body so far: {body!r}"
+            events = conn.receive_data(chunk)
+
+
+def h2_app() -> QuartTrio:
+    app = QuartTrio(__name__)
+
+    @app.route("/t")
+    async def text() -> str:
+        return "hello"
+
+    return app
+
+
+def bounded(**limits: float) -> HyperConfig:
+    from ws.transport import GUARD_ATTRIBUTE, ConnectionGuard, ConnectionLimits
+
+    config = HyperConfig()
+    setattr(config, GUARD_ATTRIBUTE, ConnectionGuard(ConnectionLimits(**limits)))  # type: ignore[arg-type]
+    return config
+
+
+@pytest.mark.usefixtures("hypercorn_with_frame_streams")
+async def test_an_h2c_upgrade_is_served_over_http2_not_read_as_websocket_frames() -> None:
+    """`Upgrade: h2c` (curl --http2 on an http:// URL): Hypercorn answers 101 and HTTP/2 follows;
+    the connection used to take any 101 for a WebSocket upgrade and cut the HTTP/2 preface as
+    a frame with reserved bits (1002)."""
+    import h2.config
+    import h2.connection
+
+    async with serving(h2_app(), bounded()) as url, await open_to(url) as stream:
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        settings = conn.initiate_upgrade_connection()
+        await stream.send_all(
+            b"GET /t HTTP/1.1\r\nHost: t\r\nUpgrade: h2c\r\n"
+            b"Connection: Upgrade, HTTP2-Settings\r\nHTTP2-Settings: " + settings + b"\r\n\r\n"
+        )
+        raw = b""
+        with trio.fail_after(DEADLINE):
+            while b"\r\n\r\n" not in raw:
+                raw += await stream.receive_some()
+        assert raw.startswith(b"HTTP/1.1 101"), raw
+        events = conn.receive_data(raw.split(b"\r\n\r\n", 1)[1])
+        assert await h2_get(stream, conn, "", events) == b"hello"
+        assert await h2_get(stream, conn, "/t", []) == b"hello"
+
+
+@pytest.mark.usefixtures("hypercorn_with_frame_streams")
+async def test_http2_with_prior_knowledge_is_not_held_to_one_requests_deadlines() -> None:
+    """The preface first (`PRI * HTTP/2.0`): streams interleave on the connection, so the read
+    deadlines of one HTTP/1.1 request (here 0.3 s from its first byte) do not cut it; an
+    HTTP/1.1 request on another connection of the same server is still held to them."""
+    import h2.config
+    import h2.connection
+
+    async with serving(h2_app(), bounded(request_timeout=0.3, read_timeout=0.3)) as url:
+        async with await open_to(url) as stream:
+            conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+            conn.initiate_connection()
+            preface = conn.data_to_send()
+            assert preface.startswith(transport.H2_PREFACE)
+            await stream.send_all(preface[:5])  # the preface in parts
+            await stream.send_all(preface[5:])
+            assert await h2_get(stream, conn, "/t", []) == b"hello"
+            await trio.sleep(0.6)  # two request timeouts: the time passing is what is tested
+            assert await h2_get(stream, conn, "/t", []) == b"hello"
+        async with await open_to(url) as slow:
+            await slow.send_all(b"GET /t HTTP/1.1\r\n")  # and nothing more
+            with trio.fail_after(DEADLINE):
+                assert await slow.receive_some() == b""  # cut by the request timeout
 
 
 async def read_answers(url: str, request: bytes) -> bytes:
