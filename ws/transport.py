@@ -280,6 +280,9 @@ class FrameStream(trio.abc.HalfCloseableStream):
         self._read_scope: trio.CancelScope | None = None
         self._answered = trio.current_time()  # the last final answer (or the connection's start)
         self._awaiting_answer = False  # the app has the whole request (`request_read`)
+        # Set when the answer owed for a whole request has gone out whole (or the connection
+        # is gone): a client's end of stream read meanwhile waits for it (`receive_some`).
+        self._answer_out: trio.Event | None = None
         self.serving: trio.CancelScope | None = None  # Hypercorn's task for this connection
         self._fd = inner.socket.fileno()
         self._pending: deque[bytes | memoryview] = deque()
@@ -373,9 +376,15 @@ class FrameStream(trio.abc.HalfCloseableStream):
                 raise trio.BrokenResourceError(f"the client took no data for {send_timeout:g}s")
         await trio.lowlevel.checkpoint()
 
+    def _release_end(self) -> None:
+        if self._answer_out is not None:
+            self._answer_out.set()
+            self._answer_out = None
+
     def abort(self) -> None:
         """Drop the connection now: a write waiting for the client fails, and nothing more is
         sent (no close frame: a client that reads nothing would not read that either)."""
+        self._release_end()
         self.broken = True
         self._pending.clear()
         self.pending_bytes = 0
@@ -402,6 +411,19 @@ class FrameStream(trio.abc.HalfCloseableStream):
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         if self.sealed and data:
             raise trio.ClosedResourceError("a close frame was sent")
+        if self._answer_out is not None and (not data or data == b"0\r\n\r\n"):
+            # The end of an answer (h11 ends a declared length with nothing, chunks with the
+            # last chunk), after the owed answer's head: once written, a held end of stream
+            # may go to Hypercorn.
+            try:
+                await self._send_all(data)
+            finally:
+                if self._request_since is None:
+                    self._release_end()
+            return
+        await self._send_all(data)
+
+    async def _send_all(self, data: bytes | bytearray | memoryview) -> None:
         if self._held_head is not None:
             # What follows a held head is its body, or the end of its answer: Hypercorn sends
             # the parts of an answer one after another under one lock, so nothing comes
@@ -507,6 +529,23 @@ class FrameStream(trio.abc.HalfCloseableStream):
         if scope.cancelled_caught:
             self.cut()
             raise trio.TooSlowError
+        if not data and self.request_under_way:
+            # The client ended its side after its request (`printf … | nc`, an HTTP/1.0
+            # script): it still reads. Hypercorn would take the end for a disconnect, and the
+            # app's answer would be cancelled: it gets the end once the answer is out. Until
+            # the app has read the whole request, the read deadlines still run (a request cut
+            # short never gets whole: it is cut, as a client that stops sending is).
+            self._answer_out = self._answer_out or trio.Event()
+            with trio.CancelScope(deadline=self._read_deadline(limits)) as scope:
+                self._read_scope = scope
+                try:
+                    await self._answer_out.wait()
+                finally:
+                    self._read_scope = None
+            if scope.cancelled_caught:
+                self.cut()
+                raise trio.TooSlowError
+            return data
         if self.http2:
             return data
         if self._opening is not None and not self.websocket:  # (Hypercorn switches on any)
@@ -590,6 +629,7 @@ class FrameStream(trio.abc.HalfCloseableStream):
         raise trio.BrokenResourceError(refused.reason)
 
     async def aclose(self) -> None:
+        self._release_end()
         self._closed = True
         self._pending.clear()
         self.pending_bytes = 0

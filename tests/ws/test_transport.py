@@ -4,6 +4,7 @@ of a client that reads nothing, and the hook that wraps Hypercorn's connections.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -686,3 +687,73 @@ async def test_a_config_marked_plain_keeps_hypercorns_own_connections() -> None:
                     answer += await stream.receive_some()
     assert answer.startswith(b"HTTP/1.1 200")
     assert seen == [None]
+
+
+@pytest.mark.usefixtures("hypercorn_with_frame_streams")
+@pytest.mark.parametrize("version", [b"1.0", b"1.1"])
+async def test_a_client_that_half_closes_after_its_request_still_gets_the_answer(
+    version: bytes,
+) -> None:
+    """`printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc host port`: the client ends its side once the
+    request is sent and reads the answer. Its end of stream must not cancel the answer."""
+    from api.framing import with_framing_checks
+
+    app = QuartTrio(__name__)
+
+    @app.route("/slow")
+    async def slow() -> str:
+        await trio.sleep(0.3)  # the client's end arrives meanwhile
+        return "done"
+
+    app.asgi_app = with_framing_checks(app.asgi_app, lambda: "rid")  # type: ignore[method-assign]
+    async with serving(app, bounded()) as url:
+        with trio.fail_after(DEADLINE):
+            stream = await open_to(url)
+            await stream.send_all(b"GET /slow HTTP/" + version + b"\r\nHost: t\r\n\r\n")
+            await stream.send_eof()
+            answer = b""
+            while chunk := await stream.receive_some():
+                answer += chunk
+            await stream.aclose()
+    assert answer.startswith(b"HTTP/1.1 200"), answer
+    assert answer.endswith(b"done")
+
+
+@pytest.mark.usefixtures("hypercorn_with_frame_streams")
+async def test_a_client_that_half_closes_in_the_middle_of_its_body_is_cut_by_the_read_timeout() -> (
+    None
+):
+    """Its request can never be whole: the read deadline cuts it, without an answer (the app,
+    waiting for the rest of the body, is cancelled with the connection)."""
+    from api.framing import with_framing_checks
+
+    app = QuartTrio(__name__)
+    reached = trio.Event()
+
+    @app.route("/upload", methods=["POST"])
+    async def upload() -> str:
+        reached.set()
+        await app_request_body()
+        return "stored"
+
+    async def app_request_body() -> bytes:
+        from quart import request
+
+        return await request.get_data()
+
+    app.asgi_app = with_framing_checks(app.asgi_app, lambda: "rid")  # type: ignore[method-assign]
+    async with serving(app, bounded(read_timeout=0.3)) as url:
+        with trio.fail_after(DEADLINE):
+            stream = await open_to(url)
+            await stream.send_all(
+                b"POST /upload HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n\r\n"
+            )
+            await stream.send_all(b"x" * 10)
+            await stream.send_eof()
+            answer = b""
+            with contextlib.suppress(trio.BrokenResourceError):
+                while chunk := await stream.receive_some():
+                    answer += chunk
+            await stream.aclose()
+    assert reached.is_set()
+    assert answer == b""
