@@ -5,6 +5,7 @@ from __future__ import annotations
 from quart import Response, has_request_context, request, websocket
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
+from werkzeug.routing import Map, UnicodeConverter
 
 from api import (
     anchors,
@@ -27,6 +28,26 @@ from registry.errors import Invalid, MethodNotAllowed, NotFound, RegistryError, 
 from registry.store.routing import MIN_SEQUENCE_HEADER, READ_FLOOR, parse_floor
 
 
+class _Segment(UnicodeConverter):
+    """A path parameter, one segment as werkzeug's default, without NUL: no DID or id the
+    registry stores can hold one (PostgreSQL's text cannot), so a path naming one matches no
+    route (404 `route_not_found`, as a `%2F` does) instead of reaching the database with a
+    value it refuses (a 400 that blamed the request's value)."""
+
+    def __init__(
+        self, map: Map, minlength: int = 1, maxlength: int | None = None, length: int | None = None
+    ) -> None:
+        super().__init__(map, minlength, maxlength, length)
+        self.regex = self.regex.replace("[^/]", "[^/\\x00]", 1)
+
+
+def _new_app() -> QuartTrio:
+    app = QuartTrio("registry")
+    app.url_map.converters["default"] = _Segment
+    app.url_map.converters["string"] = _Segment
+    return app
+
+
 def _register_routes(app: QuartTrio) -> None:
     modules = (entries, auth, discover, ops, trust, transfers, anchors, federation, transparency)
     for module in (*modules, console):
@@ -36,13 +57,13 @@ def _register_routes(app: QuartTrio) -> None:
 def route_table() -> QuartTrio:
     """An app with every HTTP route and nothing to serve them with: what the OpenAPI document
     is generated from, without a service (`api.openapi.openapi_document(route_table())`)."""
-    app = QuartTrio("registry")
+    app = _new_app()
     _register_routes(app)
     return app
 
 
 def create_app(dependencies: Deps) -> QuartTrio:
-    app = QuartTrio("registry")
+    app = _new_app()
     limits = dependencies.config.limits
     app.config["MAX_CONTENT_LENGTH"] = max(
         limits.entry_body_bytes,

@@ -175,6 +175,27 @@ Label = Annotated[
     AfterValidator(_printable),
     _printable_schema(1, 256),
 ]
+# Text rendered into one line of a message a user signs (the sign-in audience): besides the
+# control characters `Label` refuses, none of the C1 controls (NEL among them) nor the line and
+# paragraph separators, which some readers break lines on (a forged line in the message).
+_LINE_BREAKING = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+ONE_LINE_PATTERN = r"^[^\x00-\x1f\x7f-\x9f\u2028\u2029]*$"
+
+
+def _one_line(value: str) -> str:
+    if _LINE_BREAKING.search(value):
+        raise ValueError("must not contain control characters or line separators")
+    return value
+
+
+OneLine = Annotated[
+    str,
+    StringConstraints(min_length=1, max_length=256),
+    AfterValidator(_one_line),
+    WithJsonSchema(
+        {"type": "string", "minLength": 1, "maxLength": 256, "pattern": ONE_LINE_PATTERN}
+    ),
+]
 Tag = Annotated[
     str,
     StringConstraints(min_length=1, max_length=64),
@@ -309,7 +330,7 @@ def validate_model(model: type[M], data: Any, *, code: str) -> M:
 
 
 class ChallengeRequest(WireModel):
-    audience: Label  # printable: it is rendered into the signed message, one line
+    audience: OneLine  # it is rendered into the signed message, one line
 
 
 class Challenge(WireModel):

@@ -114,7 +114,10 @@ def check_response(
     now_ms: int,
 ) -> VerifiedSigner:
     """Every check of design §5 except the nonce burn; raises `Unauthorized` naming the check."""
-    if submitted_challenge != stored:
+    # As JSON values (JCS): Python's `==` takes `true` for `1`.
+    if not isinstance(submitted_challenge, dict) or canonical.canonicalize(
+        submitted_challenge
+    ) != canonical.canonicalize(stored):
         raise _fail("challenge does not match the one issued")
     if audience != stored["audience"]:
         raise _fail("audience does not match the challenge")

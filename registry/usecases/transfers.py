@@ -281,8 +281,10 @@ class Transfers(RecordUseCase):
                     code="sequence_conflict",
                     details={"offeredSequence": expected},
                 )
-            head = await self.entries.live_head(row.entry_did)
-            if head.head_seq != expected:
+            # Not `live_head`: an entry deleted since the offer has changed since it (its
+            # tombstone is a version), which is 409 entry_changed, not 404.
+            head = await self.entries.store.get_entry_head(row.entry_did, attestations=0)
+            if head is None or head.head_seq != expected or head.lifecycle == "deleted":
                 # The head may have moved because this very offer was accepted (or the offer
                 # otherwise decided) after it was read: then that is the answer, not
                 # entry_changed. The offer is read again, after the head.
@@ -290,7 +292,10 @@ class Transfers(RecordUseCase):
                 raise Conflict(
                     "the entry changed since the offer was made",
                     code="entry_changed",
-                    details={"offeredSequence": expected, "latestSequence": head.head_seq},
+                    details={
+                        "offeredSequence": expected,
+                        "latestSequence": None if head is None else head.head_seq,
+                    },
                 )
             changed = trust.changed_field(json.loads(head.doc), submitted)  # (a)
             if changed is not None:

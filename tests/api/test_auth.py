@@ -97,6 +97,35 @@ async def test_challenges_are_unique(harness: Harness) -> None:
     assert a["requestId"] != b["requestId"]
 
 
+async def test_a_challenge_sent_back_with_version_true_is_not_the_one_issued(
+    harness: Harness,
+) -> None:
+    """The challenge must come back unchanged, compared as a JSON value: `true` is not `1`
+    (Python's `==` said it was)."""
+    client = anon_client(harness)
+    challenge = await _challenge(client)
+    key = SigningKey.generate()
+    for changed in (dict(challenge, version=True), dict(challenge, version=1.5), [challenge]):
+        r = await client.post(
+            "/v1/auth/siws/verify",
+            json={
+                "audience": challenge["audience"],
+                "challenge": changed,
+                "response": build_response(challenge, key),
+            },
+        )
+        await error_of(r, 401, "signin_failed")
+    r = await client.post(  # the same challenge, unchanged, still signs in
+        "/v1/auth/siws/verify",
+        json={
+            "audience": challenge["audience"],
+            "challenge": challenge,
+            "response": build_response(challenge, key),
+        },
+    )
+    assert r.status_code == 200, await r.get_data()
+
+
 async def test_invalid_challenge_request_is_400(harness: Harness) -> None:
     client = anon_client(harness)
     for body in ({}, {"audience": "x", "extra": 1}, {"audience": ""}, {"audience": 5}, [], "x"):

@@ -195,6 +195,11 @@ async def test_guesses_that_hang_up_during_their_lookup_still_spend_it(
     [
         ("a\nNonce: forged", "invalid_challenge_request"),
         ("tab\there", "invalid_challenge_request"),
+        # Lines some readers break on: a C1 control (NEL), the line and paragraph separators.
+        ("app\x85Root: did:key:zforged", "invalid_challenge_request"),
+        ("app\u2028Root: x", "invalid_challenge_request"),
+        ("app\u2029x", "invalid_challenge_request"),
+        ("a\x9bb", "invalid_challenge_request"),
         ("nul\x00", "invalid_json"),  # no body may hold U+0000 (the store cannot keep it)
         ("", "invalid_challenge_request"),
     ],
@@ -205,6 +210,32 @@ async def test_audience_must_be_one_printable_line(
     r = await harness.client.post("/v1/auth/siws/challenge", json={"audience": audience})
     assert r.status_code == 400
     assert (await r.get_json())["error"]["code"] == code
+
+
+async def test_an_audience_of_other_scripts_and_symbols_is_one_line() -> None:
+    from registry.models import ChallengeRequest
+
+    for audience in ("app.example — ünïcødé ✓", "日本語", "emoji 🙂"):
+        assert ChallengeRequest.model_validate({"audience": audience}).audience == audience
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/v1/entries/did:example:a%00b",
+        "/v1/entries/did:example:a%00b/versions",
+        "/v1/anchors/did:example:a%00b",
+        "/v1/transfers/offers/off_%00",
+        "/v1/attestations/att_%00",
+        "/v1/bonds/bond%00",
+    ],
+)
+async def test_a_nul_in_a_path_names_nothing_404(harness: Harness, path: str) -> None:
+    """No stored DID or id can hold U+0000: the path matches no route, as a `%2F` in a DID
+    does, rather than reaching the database with a value it refuses (which answered 400
+    value_not_storable)."""
+    r = await harness.client.get(path)
+    await error_of(r, 404, "route_not_found")
 
 
 async def test_janitor_purges_only_what_expired(database_url: str) -> None:

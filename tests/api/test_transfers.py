@@ -617,6 +617,24 @@ async def test_accept_after_the_owner_changed_the_entry_is_entry_changed(world: 
     await assert_untouched(w, offer["offerId"], changed)
 
 
+async def test_accept_after_the_owner_deleted_the_entry_is_entry_changed(world: World) -> None:
+    """A delete writes a tombstone version: the entry changed since the offer (409), it is not
+    a missing one (404), and nothing is transferred."""
+    w = world
+    offer = await make_offer(w)
+    offered = await head(w)
+    r = await w.h.client.delete(f"/v1/entries/{w.did}", headers=bearer(w.owner_t, **idem()))
+    assert r.status_code == 200, await r.get_data()
+    tombstone = await r.get_json()
+    r = await accept(w, offer["offerId"], recipient_entry(w, offered))
+    error = await error_of(r, 409, "entry_changed")
+    assert error["details"] == {
+        "offeredSequence": offered["sequence"],
+        "latestSequence": tombstone["sequence"],
+    }
+    assert (await w.h.client.get(f"/v1/entries/{w.did}")).status_code == 404
+
+
 async def test_accept_with_verifiable_attestations_is_400(world: World) -> None:
     w = world
     offer = await make_offer(w)
