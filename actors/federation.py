@@ -45,11 +45,12 @@ import trio
 from actors.supervisor import supervise
 from actors.witness import PeerWitness, WitnessDeps, WitnessSkipped
 from registry.breaker import DEFAULT_POLICY, BreakerPolicy
+from registry.canonical import parse_strict
 from registry.changes import Change, IdemKey, Outcome
 from registry.config import FederationConfig, PeerConfig
 from registry.endpoints import EndpointPolicy, IPAddress, is_public, literal_address
 from registry.envelope import build_request, verify_envelope
-from registry.errors import RegistryError
+from registry.errors import Invalid, RegistryError
 from registry.federation import (
     PeerState,
     Quarantined,
@@ -315,9 +316,13 @@ async def run_peer(deps: PeerDeps, peer: PeerConfig) -> None:
                 continue
             if ahead is None and witness.due(state.cursor, settings.poll_seconds):
                 try:
-                    fork = await witness.check(witnessing)
-                except (WitnessSkipped, PeerUnreachable) as exc:
-                    log.info("federation: %s's log not checked this time: %s", did, exc)
+                    # Bounded as a pull is: a peer that trickles its checkpoint would otherwise
+                    # hold this actor (no pull, no failure counted) for as long as it likes.
+                    with trio.fail_after(deps.config.request_timeout_seconds):
+                        fork = await witness.check(witnessing)
+                except (WitnessSkipped, PeerUnreachable, trio.TooSlowError) as exc:
+                    reason = "timed out" if isinstance(exc, trio.TooSlowError) else exc
+                    log.info("federation: %s's log not checked this time: %s", did, reason)
                     fork = None
                 if fork is not None:
                     forked = replace(state, log_fork=fork.detail)
@@ -376,7 +381,16 @@ async def run_peer(deps: PeerDeps, peer: PeerConfig) -> None:
             pulled = replace(
                 pulled, breaker=state.breaker.on_success(deps.clock_ms(), fetch.elapsed_ms)
             )
-            state = await _record(deps, state, pulled, replicas, quarantined)
+            try:
+                state = await _record(deps, state, pulled, replicas, quarantined)
+            except Invalid as exc:
+                # A page the database refuses (a value no check above caught): a failed pull
+                # of this peer, counted by its breaker, never the end of the process.
+                log.error("federation: the database refused a page from %s: %s", did, exc)
+                now = deps.clock_ms()
+                failed = replace(state, breaker=state.breaker.on_failure(now, deps.rand()))
+                state = await _record(deps, state, failed, [], [])
+                continue
             if answer.has_more and state.cursor == pulled.cursor:
                 await trio.lowlevel.checkpoint()
                 continue
@@ -450,7 +464,9 @@ async def _pull(deps: PeerDeps, did: str, request: dict[str, object], cursor: in
     if got.status != 200:
         raise _Failed(f"answered {got.status}: {got.body[:200]!r}")
     try:
-        envelope = json.loads(got.body)
+        # I-JSON, as a request to this registry is read: no duplicate member, no lone
+        # surrogate or U+0000 (which a store refuses), no unsafe number.
+        envelope = parse_strict(got.body)
         verified = verify_envelope(
             envelope,
             recipient_did=deps.key.did,

@@ -260,7 +260,16 @@ def check_replica(entry: dict[str, Any]) -> Replica:
         key_id=signature["keyId"],
         signature_value=signature["value"],
     )
-    return Replica(seq, did, lifecycle, join_members(members))
+    doc = join_members(members)
+    try:  # members outside the signature too: text PostgreSQL (and a client) can take
+        doc.encode("utf-8")
+    except UnicodeEncodeError:
+        raise Invalid(
+            "the entry holds a lone surrogate (it has no UTF-8 form)", code="entry_invalid"
+        ) from None
+    if "\x00" in doc:
+        raise Invalid("the entry holds U+0000", code="entry_invalid")
+    return Replica(seq, did, lifecycle, doc)
 
 
 def _storable(entry: dict[str, Any]) -> str:

@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 import trio
 
 from registry.breaker import BreakerPolicy
-from registry.canonical import canonicalize, join_members
+from registry.canonical import canonicalize, join_members, parse_strict
 from registry.changes import Change, ChangeLog, IdemKey, Outcome, rfc3339_ms
 from registry.config import Config, PeerConfig
 from registry.cursors import SealedCursors
@@ -64,6 +64,9 @@ from registry.transparency import note_body, verify_cosignature
 from registry.usecases.common import Principal, now_ms, page_size
 from registry.usecases.records import body_object, put
 from registry.usecases.transparency import stored_checkpoint
+
+# A source's offset in a federated cursor once it has paged past MAX_OFFSET: it is done.
+ENDED = -1
 
 if TYPE_CHECKING:
     from registry.usecases.discovery import Discovery
@@ -278,21 +281,26 @@ class Federation:
         if data.get("cursor") is not None:
             offsets, dropped = self._decode_cursor(fingerprint, data["cursor"])
         order = effective_order(query)[0]
+        # Sources paged to their end: past offset 10,000 (MAX_OFFSET), a source shows no more
+        # (its offset in the cursor is ENDED); it is not asked again.
+        ended = {did for did, offset in offsets.items() if offset == ENDED}
 
-        local_query = parse_discover_request(
-            {**base, "offset": offsets.get(self.key.did, 0), "limit": limit}
-        )
-        assert self.discovery is not None
-        local = json.loads(await self.discovery.discover(local_query))
-        pages = [
-            SourcePage(
-                self.key.did,
-                tuple(canonicalize(e).decode("utf-8") for e in local["entries"]),
-                bool(local["hasMore"]),
-                int(local["totalCount"]),
-                offsets.get(self.key.did, 0),
+        pages: list[SourcePage] = []
+        if self.key.did not in ended:
+            local_query = parse_discover_request(
+                {**base, "offset": offsets.get(self.key.did, 0), "limit": limit}
             )
-        ]
+            assert self.discovery is not None
+            local = json.loads(await self.discovery.discover(local_query))
+            pages.append(
+                SourcePage(
+                    self.key.did,
+                    tuple(canonicalize(e).decode("utf-8") for e in local["entries"]),
+                    bool(local["hasMore"]),
+                    int(local["totalCount"]),
+                    offsets.get(self.key.did, 0),
+                )
+            )
         report: dict[str, dict[str, Any]] = {}
         now = self.clock_ms()
         states = self.live()
@@ -303,6 +311,9 @@ class Federation:
                 continue
             if did in dropped:
                 report[did] = {"peerDid": did, "status": "failed", "reason": "failed_earlier"}
+                continue
+            if did in ended:  # it answered every page up to the bound: nothing is missing
+                report[did] = {"peerDid": did, "status": "ok"}
                 continue
             state = states.get(did) or peer_state(rows.get(did), did, self.policy)
             if state.breaker.state_at(now) == "open" or self.call is None:
@@ -333,8 +344,15 @@ class Federation:
                 report[did] = {"peerDid": did, "status": "failed", "reason": "time_budget"}
 
         shown, consumed = merge_pages(order, pages, limit)
-        next_offsets = {p.origin: p.offset + consumed[p.origin] for p in pages}
-        more = any(p.has_more or consumed[p.origin] < len(p.entries) for p in pages)
+        next_offsets = {did: ENDED for did in ended}
+        for p in pages:
+            offset = p.offset + consumed[p.origin]
+            next_offsets[p.origin] = offset if offset <= MAX_OFFSET else ENDED
+        more = any(
+            p.has_more or consumed[p.origin] < len(p.entries)
+            for p in pages
+            if next_offsets[p.origin] != ENDED
+        )
         failed = {d for d, r in report.items() if r["status"] != "ok"}
         body: dict[str, str] = {
             "entries": "[" + ",".join(text for text, _ in shown) + "]",
@@ -373,7 +391,7 @@ class Federation:
         if status != 200:
             raise PeerRefused(f"answered {status}")
         verified = verify_envelope(
-            json.loads(raw),
+            parse_strict(raw),  # I-JSON: no lone surrogate (no UTF-8 form), no duplicate
             recipient_did=self.key.did,
             now_ms=self.clock_ms(),
             expected_kind="discover_response",
@@ -400,6 +418,8 @@ class Federation:
                 raise PeerRefused("an entry of the discover response is malformed")
             replica = check_replica(entry)  # Invalid: the peer served an entry that fails
             texts.append(replica.doc)
+        if more and not entries:  # a next page would be asked at the same offset: endless
+            raise PeerRefused("the peer says it has more but answered no entry")
         total = min(max(total, 0), MAX_SAFE_INTEGER)  # a peer's word: bounded
         page = SourcePage(did, tuple(texts), more, total, int(query.get("offset", 0)))
         if not in_merge_order(order, page):
@@ -423,7 +443,9 @@ class Federation:
         offsets, dropped = data.get("n"), data.get("x")
         if not isinstance(offsets, dict) or not isinstance(dropped, list):
             raise bad
-        if not all(isinstance(v, int) and 0 <= v <= MAX_OFFSET for v in offsets.values()):
+        if not all(
+            isinstance(v, int) and (0 <= v <= MAX_OFFSET or v == ENDED) for v in offsets.values()
+        ):
             raise bad
         return {str(k): int(v) for k, v in offsets.items()}, {str(d) for d in dropped}
 

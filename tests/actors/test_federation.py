@@ -34,7 +34,7 @@ from registry.changes import Change, IdemKey, LogRecord, Outcome, rfc3339_ms
 from registry.config import FederationConfig, PeerConfig
 from registry.entries import sign_entry
 from registry.envelope import build_response, verify_envelope
-from registry.errors import Unavailable
+from registry.errors import Invalid, Unavailable
 from registry.federation import PeerState, sort_entries
 from registry.keys import SigningKey, b64url_encode
 from registry.store import ReplicaVersion
@@ -1059,3 +1059,59 @@ async def test_an_entry_another_peer_already_brought_is_quarantined_not_imported
         assert row is not None
         assert row.quarantines == 1
         nursery.cancel_scope.cancel()
+
+
+# --- what a hostile peer cannot do to the actor (review of the puller) -----------------------
+
+
+async def test_a_checkpoint_request_that_never_answers_is_bounded_like_a_pull(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The witness round before a pull: a peer that never answers its checkpoint (or trickles
+    it) held the actor there for good, with no pull and no failure counted. It is bounded by
+    `request_timeout_seconds`, and the pull goes on (importing nothing its peer's witnessed
+    checkpoint does not cover: none yet) and the round is tried again."""
+    rig = make_rig(request_timeout_seconds=10.0)
+    rig.peer.entries(1, 2)
+    asked_at: list[float] = []
+
+    async def hanging(url: str) -> PeerAnswer:
+        asked_at.append(trio.current_time())
+        await trio.sleep_forever()
+        raise AssertionError
+
+    rig.get = hanging  # type: ignore[method-assign]
+    async with running(rig):
+        await rig.peer.wait_calls(2)
+        await trio.testing.wait_all_tasks_blocked()
+    assert rig.peer.calls[0] - asked_at[0] == approx(10.0)  # pulled once the round timed out
+    assert len(asked_at) >= 2  # and the next round is tried again
+    assert rig.replica_seqs() == []  # nothing is imported past a witnessed checkpoint
+
+
+async def test_a_page_the_store_refuses_is_a_failed_pull_not_the_end_of_the_actor(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Whatever value no check caught, a page the database refuses (`Invalid`) is counted as a
+    failed pull of that peer by its breaker; the actor goes on (it ended the process)."""
+    rig = make_rig()
+    rig.peer.entries(1)
+    refused: list[int] = []
+    store_append = rig.append
+
+    async def append(change: Change, idem: IdemKey | None) -> Outcome:
+        if change.rows.get("replicas") and len(refused) < 2:
+            refused.append(len(change.rows["replicas"]))
+            raise Invalid("the database cannot store a value of this request")
+        return await store_append(change, idem)
+
+    rig.append = append  # type: ignore[method-assign]
+    async with running(rig) as handle:
+        await rig.peer.wait_calls(3)  # refused twice, then taken
+        await trio.testing.wait_all_tasks_blocked()
+        assert live(handle, rig.peer).cursor == 1
+    assert refused == [1, 1]
+    assert rig.replica_seqs() == [1]
+    failures = [r.data["consecutiveFailures"] for r in await peer_records(rig.store)]
+    assert failures[:2] == [1, 2]
+    assert failures[-1] == 0
