@@ -320,7 +320,8 @@ async def run_peer(deps: PeerDeps, peer: PeerConfig) -> None:
                     # hold this actor (no pull, no failure counted) for as long as it likes.
                     with trio.fail_after(deps.config.request_timeout_seconds):
                         fork = await witness.check(witnessing)
-                except (WitnessSkipped, PeerUnreachable, trio.TooSlowError) as exc:
+                except (WitnessSkipped, PeerUnreachable, trio.TooSlowError, Invalid) as exc:
+                    # (Invalid: what the peer sent, the store refused to keep.)
                     reason = "timed out" if isinstance(exc, trio.TooSlowError) else exc
                     log.info("federation: %s's log not checked this time: %s", did, reason)
                     fork = None

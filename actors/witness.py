@@ -111,6 +111,8 @@ class PeerWitness:
         if got.status != 200:
             raise WitnessSkipped(f"checkpoint answered {got.status}")
         note = got.body.decode("utf-8", errors="replace")
+        if "\x00" in note:  # no store keeps it (and no honest log writes one)
+            raise WitnessSkipped("the checkpoint holds U+0000")
         try:
             origin = None if self.accepted is None else self.accepted.origin
             checkpoint = open_checkpoint(note, public_key_from_did_key(self.did), origin)

@@ -1115,3 +1115,32 @@ async def test_a_page_the_store_refuses_is_a_failed_pull_not_the_end_of_the_acto
     failures = [r.data["consecutiveFailures"] for r in await peer_records(rig.store)]
     assert failures[:2] == [1, 2]
     assert failures[-1] == 0
+
+
+async def test_a_checkpoint_holding_nul_is_not_witnessed() -> None:
+    """A peer may sign any note: one holding U+0000 (here in its origin line) was accepted and
+    then refused by PostgreSQL as a value it cannot keep, which ended the actor."""
+    from actors.witness import PeerWitness, WitnessDeps, WitnessSkipped
+    from registry.transparency import checkpoint_note
+
+    peer = SigningKey.generate()
+    note = checkpoint_note("registry\x00forged", 1, b"\x01" * 32, peer)
+
+    async def get(url: str) -> PeerAnswer:
+        await trio.lowlevel.checkpoint()
+        return PeerAnswer(200, note.encode())
+
+    async def endpoint_of(did: str) -> str:
+        await trio.lowlevel.checkpoint()
+        return "https://peer.example"
+
+    async def post(url: str, body: bytes) -> PeerAnswer:
+        raise AssertionError("nothing is cosigned")
+
+    deps = WitnessDeps(
+        MemoryStore(clock_ms=now_ms), SigningKey.generate(), now_ms, endpoint_of, get, post
+    )
+    witness = PeerWitness(peer.did)
+    with pytest.raises(WitnessSkipped, match="U\\+0000"):
+        await witness.check(deps)
+    assert witness.accepted is None
