@@ -88,7 +88,11 @@ def _typed(field: str, value: Value) -> Any:
 
 
 def _like_pattern(text: str) -> str:
-    escaped = text.lower().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    """`text` as a LIKE pattern matching it anywhere, its own case kept: the database lowers it
+    (`_contains`) as it lowers the column. Python's `lower()` is not PostgreSQL's (`İ` becomes
+    `i̇`, a final `Σ` becomes `ς`; under a C ctype PostgreSQL lowers ASCII only), and an entry
+    did not match its own name. `lower()` never makes a `\\`, `%` or `_`: the escapes hold."""
+    escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
     return f"%{escaped}%"
 
 
@@ -164,7 +168,7 @@ def _contains(expr: Contains, p: _Params) -> str:
     if field == "serviceType":
         return f"service_types @> ARRAY[{p.bind(value, '::text')}]"
     column = "lower(name)" if field == "name" else "lower(description)"
-    return f"{column} LIKE {p.bind(_like_pattern(value))}"
+    return f"{column} LIKE lower({p.bind(_like_pattern(value))})"
 
 
 COUNT_CAP = 1000  # totalCount is exact up to this many matches

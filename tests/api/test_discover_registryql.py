@@ -342,3 +342,21 @@ async def test_a_query_of_more_than_256_parentheses_is_400_at_the_one_too_many(
     error = await error_of(await post(harness, {"query": text}, QL), 400, "invalid_registryql")
     assert (error["details"]["line"], error["details"]["column"]) == (2, 257)
     assert "more than 256 parentheses" in error["message"]
+
+
+async def test_contains_matches_an_entrys_own_text_in_any_script(harness: Harness) -> None:
+    """The pattern was lowered by Python and the column by PostgreSQL, which disagree (`İ`,
+    a final `Σ`; under a C ctype PostgreSQL lowers ASCII only): an entry did not match its own
+    name. Both are lowered by the database now."""
+    pub = await publisher(harness)
+    tag = scope()
+    names = ["İstanbul guide", "ΟΔΟΣ helper", "École helper", "Straße 5"]
+    made = {name: (await pub.publish(tags=[tag], name=name))["entryDid"] for name in names}
+    for name, did in made.items():
+        words = name.split()[0]
+        q = f"DISCOVER * WHERE tags CONTAINS '{tag}' AND name CONTAINS '{words}'"
+        assert await dids(harness, {"query": q}, QL) == [did], name
+    q = f"DISCOVER * WHERE tags CONTAINS '{tag}' AND name CONTAINS 'HELPER'"  # ASCII: any case
+    assert sorted(await dids(harness, {"query": q}, QL)) == sorted(
+        [made["ΟΔΟΣ helper"], made["École helper"]]
+    )
