@@ -39,6 +39,11 @@ class SealedCursors:
             raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         except (ValueError, TypeError):
             raise bad from None
+        # One spelling per cursor: the decoder skips characters outside the alphabet and the
+        # unused bits of the last one, so an altered cursor opened as the original (and each
+        # spelling missed the result cache, which keys pages by the cursor's text).
+        if base64.urlsafe_b64encode(raw).rstrip(b"=") != cursor.encode("utf-8", "replace"):
+            raise bad
         tag, body = raw[:TAG_BYTES], raw[TAG_BYTES:]
         if not hmac.compare_digest(tag, self._tag(body)):
             raise bad

@@ -314,14 +314,16 @@ class Connection:
                 code="capability_missing",
                 details={"kinds": forbidden},
             )
-        await self._stop_forwarder()  # a new subscription replaces the current one
         after = request.from_sequence
-        if after is None:
-            after = await self.deps.logs.head()
-        elif self.deps.limiter is not None and after < self.deps.logs.statistics().head:
+        if (
+            after is not None
+            and self.deps.limiter is not None
+            and after < self.deps.logs.statistics().head
+        ):
             # A replay reads the store: each client address has a budget of them. (Behind
             # what this process's log actor has read: no query to decide, so a flood of
-            # refused replays costs the database nothing.)
+            # refused replays costs the database nothing.) Checked before the current
+            # subscription is replaced: a refused one leaves it running.
             decision = self.deps.limiter.acquire("replay", self.client)
             if not decision.allowed:
                 raise RateLimited(
@@ -330,6 +332,9 @@ class Connection:
                     limit=decision.limit,
                     code="replay_rate_limited",
                 )
+        await self._stop_forwarder()  # a new subscription replaces the current one
+        if after is None:
+            after = await self.deps.logs.head()
         assert self._nursery is not None
         # From here the position is the new subscription's (what an unsubscribe or a close
         # reports, even before its forwarder runs). The events the old one handed over and not

@@ -1065,3 +1065,17 @@ async def test_a_page_ends_early_once_its_documents_hold_the_page_byte_budget(
 
 def compact(entry: dict[str, Any]) -> str:
     return json.dumps(entry, separators=(",", ":"), ensure_ascii=False)
+
+
+async def test_an_altered_spelling_of_a_cursor_is_400(harness: Harness) -> None:
+    pub = await publisher(harness)
+    tag = scope()
+    for _ in range(3):
+        await pub.publish(tags=[tag])
+    cursor = (await discover(harness, {"tags": [tag], "limit": 1}))["cursor"]
+    r = await post(
+        harness, {"tags": [tag], "limit": 1, "cursor": cursor[:10] + "!!!!" + cursor[10:]}
+    )
+    await error_of(r, 400, "invalid_cursor")
+    r = await post(harness, {"tags": [tag], "limit": 1, "cursor": cursor})
+    assert r.status_code == 200

@@ -412,3 +412,34 @@ async def test_a_replay_waits_while_its_address_owes_database_time(
         assert waited >= 1.0  # the page was read once the debt was paid, not before
 
     await with_harness(config, body)
+
+
+async def test_a_refused_replay_leaves_the_current_subscription_running(
+    database_url: str, tmp_path: Path
+) -> None:
+    """The replay budget was checked after the current subscription had been stopped: the
+    refusal (an `error`; the socket stays open) silently ended the live stream, with no
+    `unsubscribed`, and the idle timer then closed the socket."""
+    config = make_config(database_url, tmp_path, events={"replays_per_minute": 1})
+
+    async def body(h: Harness) -> None:
+        key = SigningKey.generate()
+        token = await sign_in(h.client, key)
+        async with h.client.websocket("/v1/events") as ws:
+            await subscribe(ws)
+            first = await create(h, key, token)
+            # Delivered live: this process's log has read it, so fromSequence 0 is a replay.
+            assert (await events(ws, 1))[0]["entryDid"] == first["entryDid"]
+            await subscribe(ws, fromSequence=0)  # the address's one replay
+            await ws.send(json.dumps({"type": "subscribe", "fromSequence": 0}))
+            while (message := await receive(ws))["type"] != "error":
+                assert message["type"] in ("event", "heartbeat"), message
+            assert message["error"]["code"] == "replay_rate_limited", message
+            entry = await create(h, key, token)
+            while True:  # the first subscription still delivers live events
+                message = await receive(ws)
+                assert message["type"] in ("event", "heartbeat"), message
+                if message["type"] == "event" and message["entryDid"] == entry["entryDid"]:
+                    break
+
+    await with_harness(config, body)
