@@ -48,6 +48,7 @@ ORIGIN_ENTRIES = 12
 DEADLINE = 120
 
 T = TypeVar("T")
+STATE_URL: list[str] = []  # the database `wait_until` reports on
 
 ANCHORING_ENV = {
     "REGISTRY_ANCHORING__ENABLED": "true",
@@ -226,11 +227,16 @@ def replicas_match(database_url: str, origin_database: str, origin_did: str) -> 
     return set(held) == set(sequences(origin_database, "SELECT seq FROM entry_versions"))
 
 
-def wait_until(what: str, probe: Callable[[], bool], deadline_s: float = 60) -> None:
-    """Poll `probe` (state written by other processes) until it is true."""
+def wait_until(
+    what: str, probe: Callable[[], bool], deadline_s: float = 90, state: str = ""
+) -> None:
+    """Poll `probe` (state written by other processes) until it is true; `state`, a query
+    whose rows say where things stand when it is not."""
     deadline = time.monotonic() + deadline_s
     while not probe():
-        assert time.monotonic() < deadline, f"not within {deadline_s} s: {what}"
+        if time.monotonic() > deadline:
+            rows = [dict(r) for r in query(STATE_URL[0], state)] if state else []
+            raise AssertionError(f"not within {deadline_s} s: {what}: {rows}")
         time.sleep(0.1)
 
 
@@ -393,8 +399,15 @@ async def test_processes_writing_at_once_keep_the_log_gap_free_and_exact(
         await trio.to_thread.run_sync(
             wait_until, "the origin's versions", lambda: replicas_match(database_url, odb, them.did)
         )
+        STATE_URL[:] = [database_url]
         await trio.to_thread.run_sync(
-            wait_until, "every intent confirmed", lambda: all_confirmed(database_url)
+            partial(
+                wait_until,
+                "every intent confirmed",
+                lambda: all_confirmed(database_url),
+                state="SELECT 'intent' AS of, state, count(*) FROM anchor_intents GROUP BY 2"
+                " UNION ALL SELECT 'batch', state, count(*) FROM anchor_batches GROUP BY 2",
+            )
         )
         for line in (ANCHORING_LEADER, FEDERATION_LEADER):
             assert any(line in s.output() for s in (a, b, c, listener)), "no process took over"
