@@ -56,7 +56,7 @@ class Sessions:
         self.identity = identity
         self.sessions = cache  # token hash → session
         self.clock_ms = clock_ms
-        # Granted `admin` at sign-in; a configuration reload (SIGHUP) may change them.
+        # Granted `admin` at sign-in and held while listed; a reload (SIGHUP) may change them.
         self.admin_dids = tuple(config.auth.admin_dids)
 
     @property
@@ -171,7 +171,12 @@ class Sessions:
                 self.sessions.put(token_hash, session, epoch)
         if session is None or session.expires_at_ms <= self.clock_ms():
             raise Unauthorized("session missing, expired or unknown", code="session_invalid")
-        return Principal(session.principal, session.capabilities, session, token_hash)
+        capabilities = session.capabilities
+        if "admin" in capabilities and session.principal not in self.admin_dids:
+            # Granted at sign-in, held only while the DID is listed: a DID taken out of
+            # `auth.admin_dids` (reload or restart) loses admin at once, in every session.
+            capabilities = tuple(c for c in capabilities if c != "admin")
+        return Principal(session.principal, capabilities, session, token_hash)
 
     async def logout(self, principal: Principal, idem: IdemKey | None) -> Outcome:
         """Revoke the caller's session: a `session.revoked` change (internal: it is never
@@ -196,5 +201,5 @@ def session_body(principal: Principal) -> dict[str, Any]:
         "rootDid": s.root_did,
         "rootKind": s.root_kind,
         "signerDid": s.principal,
-        "capabilities": list(s.capabilities),
+        "capabilities": list(principal.capabilities),
     }

@@ -257,3 +257,37 @@ async def test_health_reports_a_full_disk_until_a_write_succeeds_and_nothing_old
         body = await (await anon_client(harness).get("/v1/health")).get_json()
         assert body["checks"]["writes"] == "ok", passed
         assert body["status"] == "ok"
+
+
+async def test_a_did_taken_out_of_admin_dids_loses_admin_in_its_open_sessions(
+    database_url: str, tmp_path: Path
+) -> None:
+    """Sessions live in the database: one opened while the DID was listed kept `admin` across a
+    restart with the DID removed, for its whole life (12 h). A reload (SIGHUP) sets the same
+    list the restart reads."""
+    admin = SigningKey.generate()
+    tokens: list[str] = []
+
+    async def listed(h: Harness) -> None:
+        tokens.append(await sign_in(h.client, admin))
+        r = await anon_client(h).get("/v1/health/deep", headers=bearer(tokens[0]))
+        assert r.status_code == 200, await r.get_data()
+
+    await with_harness(
+        make_config(database_url, tmp_path, auth={"admin_dids": [admin.did]}), listed
+    )
+
+    async def removed(h: Harness) -> None:  # the restarted process: admin_dids now empty
+        client = anon_client(h)
+        for path in ("/v1/health/deep", "/v1/admin/overview", "/metrics"):
+            r = await client.get(path, headers=bearer(tokens[0]))
+            assert r.status_code == 403, (path, await r.get_data())
+        r = await client.get("/v1/auth/session", headers=bearer(tokens[0]))
+        assert r.status_code == 200, await r.get_data()
+        assert "admin" not in (await r.get_json())["capabilities"]
+        # Listed again (a reload), the session has it again: it was granted at sign-in.
+        h.deps.sessions.admin_dids = (admin.did,)
+        r = await client.get("/v1/health/deep", headers=bearer(tokens[0]))
+        assert r.status_code == 200, await r.get_data()
+
+    await with_harness(make_config(database_url, tmp_path), removed)
