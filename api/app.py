@@ -80,6 +80,16 @@ def create_app(dependencies: Deps) -> QuartTrio:
 
     # One hook for what every request needs first: Quart's call of each hook costs more than
     # what these do (bench/app_cpu.py).
+    @app.before_websocket
+    async def before_every_handshake() -> None:
+        # Quart runs no before_request hook for a WebSocket: the event stream was served on
+        # the metrics listener, where only /metrics is.
+        scope = current_scope()
+        if ops.on_metrics_listener(dependencies.config, scope):
+            raise NotFound(
+                f"no route for {websocket.path} on the metrics listener", code="route_not_found"
+            )
+
     @app.before_request
     async def before_every_request() -> None:
         scope = current_scope()

@@ -27,7 +27,7 @@ from quart_trio import QuartTrio
 
 from api.headers import current_scope, response_header
 from api.http import client_address, deps
-from api.metrics import UNROUTED, Metrics
+from api.metrics import METHODS, OTHER_METHOD, UNROUTED, Metrics
 
 ACCESS = logging.getLogger("registry.access")
 
@@ -70,7 +70,9 @@ def _log(
 ) -> None:
     fields: dict[str, object] = {
         "requestId": request_id,
-        "method": request.method,
+        # Bounded as the metrics' label is: HTTP/2 lets a client send any method but CR, LF
+        # and NUL (spaces, ANSI escapes, 60 KB), which forged key=value pairs in the line.
+        "method": request.method if request.method in METHODS else OTHER_METHOD,
         "route": route,
         "status": status,
         "ms": round(seconds * 1000, 2),

@@ -20,12 +20,13 @@ from registry.usecases.common import Principal
 QUARANTINED_SHOWN = 20  # per peer, in the overview
 
 
-def on_metrics_listener(config: Config) -> bool:
-    """Whether this request came through `metrics.listen` (where only /metrics is served)."""
+def on_metrics_listener(config: Config, scope: Any = None) -> bool:
+    """Whether this request (or WebSocket handshake: its `scope`) came through `metrics.listen`
+    (where only /metrics is served)."""
     if not config.metrics.listen:
         return False
     host, _, port = config.metrics.listen.rpartition(":")
-    server = request.scope.get("server")
+    server = (request.scope if scope is None else scope).get("server")
     if not server or server[1] is None or int(server[1]) != int(port):
         return False
     return host.strip("[]") in ("0.0.0.0", "::", "*", str(server[0]))

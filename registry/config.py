@@ -5,6 +5,7 @@ messages that name the key and the source.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import tomllib
@@ -47,7 +48,9 @@ class ServerConfig(_Section):
     public_origin: str = "http://127.0.0.1:8080"
     data_dir: Path = Path(".registry")
     key_file: str = ""
-    trusted_proxies: int = 0  # how many X-Forwarded-For hops to trust for client addresses
+    # How many X-Forwarded-For hops to trust for client addresses (a negative count read the
+    # client's own choice of address, and failed every request without the header).
+    trusted_proxies: Annotated[int, Field(ge=0, le=64)] = 0
     graceful_timeout_seconds: Annotated[float, Field(ge=0, le=600)] = 10.0
     # Connections (docs/limits.md): caps and timeouts that hold whatever a client sends.
     max_connections: Annotated[int, Field(ge=1)] = 4096  # lowered to the file limit at start
@@ -305,6 +308,16 @@ class MetricsConfig(_Section):
             host, _, port = value.rpartition(":")
             if not host or not port.isdigit() or not 0 < int(port) < 65536:
                 raise ValueError("must be host:port with a fixed port, e.g. 127.0.0.1:9464")
+            # An address, not a name: a request is told to have come through the listener by
+            # the address it reached (a name such as localhost was never equal to it, and the
+            # whole API was served there).
+            try:
+                ipaddress.ip_address(host.removeprefix("[").removesuffix("]"))
+            except ValueError:
+                if host not in ("*",):
+                    raise ValueError(
+                        "the host must be an IP address (127.0.0.1, ::1, 0.0.0.0), not a name"
+                    ) from None
         return value
 
 

@@ -226,3 +226,25 @@ async def test_the_anchoring_leader_reports_its_backlog_and_time_to_finality(
         assert ("registry_anchor_batches_in_flight", ()) in got
 
     await with_harness(config, body)
+
+
+async def test_the_access_line_names_a_method_of_the_clients_own_as_other(
+    database_url: str, tmp_path: Path, access_log: Any
+) -> None:
+    """HTTP/2 lets a client send any method but CR, LF and NUL: spaces and ANSI escapes went
+    into the text line as they came (forged `key=value` pairs, a cleared terminal)."""
+    config = make_config(database_url, tmp_path)
+    forged = "GET CLIENT=203.0.113.7 \x1b[2J" + "X" * 1000
+
+    async def body(h: Harness) -> None:
+        client = anon_client(h)
+        assert (await client.open("/v1/health", method=forged)).status_code == 405
+        assert (await client.open("/v1/health", method="GET")).status_code == 200
+
+    await with_harness(config, body)
+    lines = [json.loads(line) for line in access_log.lines]
+    assert [(line["method"], line["status"]) for line in lines][-2:] == [
+        ("other", 405),
+        ("GET", 200),
+    ]
+    assert all("\x1b" not in line["msg"] and len(line["msg"]) < 300 for line in lines)

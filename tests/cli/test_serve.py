@@ -165,6 +165,25 @@ def test_a_page_byte_budget_above_one_gib_is_refused_at_load(key: str) -> None:
         load_config(None, environ={f"REGISTRY_LIMITS__{key.upper()}": str(2**63)})
 
 
+def test_a_negative_count_of_trusted_proxies_is_refused_at_load() -> None:
+    """-1 read the client's own choice of address from X-Forwarded-For (rate limits evaded),
+    and every request without the header failed (IndexError, 500)."""
+    with pytest.raises(ConfigError, match="trusted_proxies"):
+        load_config(None, environ={"REGISTRY_SERVER__TRUSTED_PROXIES": "-1"})
+    assert load_config(None, environ={"REGISTRY_SERVER__TRUSTED_PROXIES": "2"}).server
+
+
+@pytest.mark.parametrize("listen", ["localhost:9464", "metrics.internal:9464"])
+def test_a_metrics_listener_named_by_a_host_name_is_refused_at_load(listen: str) -> None:
+    """The listener is told by the address a request reached: a name never equalled it, and
+    the whole API was served on the metrics port."""
+    with pytest.raises(ConfigError, match="IP address"):
+        load_config(None, environ={}, overrides={"metrics": {"listen": listen}})
+    for fine in ("127.0.0.1:9464", "[::1]:9464", "0.0.0.0:9464"):
+        config = load_config(None, environ={}, overrides={"metrics": {"listen": fine}})
+        assert config.metrics.listen == fine
+
+
 def test_the_service_starts_with_max_page_size_2_and_pages_by_2(server: Server) -> None:
     """The module's server runs with REGISTRY_LIMITS__MAX_PAGE_SIZE=2 and no default page size."""
     from cli.client import RegistryClient
