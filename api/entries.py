@@ -41,14 +41,16 @@ def _matches(if_none_match: str | None, etag: str) -> bool:
     return "*" in tags or etag in tags
 
 
-def int_param(name: str) -> int | None:
-    """An integer query parameter, within ±(2^53−1) like every number the API reads."""
+def int_param(name: str, *, code: str | None = None) -> int | None:
+    """An integer query parameter, within ±(2^53−1) like every number the API reads; refused
+    with `code` (default `invalid_<name>`), the code its range checks use too."""
     raw = request.args.get(name)
     if raw is None:
         return None
     if not re.fullmatch(r"-?[0-9]{1,16}", raw) or abs(int(raw)) > MAX_SAFE_INTEGER:
         raise Invalid(
-            f"{name} must be an integer within ±{MAX_SAFE_INTEGER}", code=f"invalid_{name}"
+            f"{name} must be an integer within ±{MAX_SAFE_INTEGER}",
+            code=code or f"invalid_{name}",
         )
     return int(raw)
 

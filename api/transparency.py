@@ -33,6 +33,9 @@ def _required(name: str) -> int:
     return value
 
 
+# One code for a bad treeSize, malformed or out of range (registry/usecases/transparency.py).
+TREE_SIZE_CODE = "invalid_tree_size"
+
 CHECKPOINT_TEXT = {
     "description": "a C2SP tlog-checkpoint signed note (docs/transparency.md)",
     "content": {"text/plain": {"schema": {"type": "string"}}},
@@ -66,7 +69,7 @@ def register(app: QuartTrio) -> None:
     )
     async def log_checkpoint(ctx: Ctx) -> Response:
         transparency = deps().transparency
-        checkpoint = await transparency.checkpoint(int_param("treeSize"))
+        checkpoint = await transparency.checkpoint(int_param("treeSize", code=TREE_SIZE_CODE))
         note = await transparency.served_note(checkpoint)
         return Response(note, content_type="text/plain; charset=utf-8")
 
@@ -85,7 +88,9 @@ def register(app: QuartTrio) -> None:
         ],
     )
     async def inclusion_proof(ctx: Ctx) -> Response:
-        body = await deps().transparency.inclusion(_required("sequence"), int_param("treeSize"))
+        body = await deps().transparency.inclusion(
+            _required("sequence"), int_param("treeSize", code=TREE_SIZE_CODE)
+        )
         return json_response(dumps(body))
 
     @app.get("/v1/log/proof/consistency")

@@ -154,7 +154,12 @@ class Transparency:
 
     async def version_bundle(self, did: str, sequence: int) -> dict[str, Any]:
         """What a client needs to check one entry version offline: the newest checkpoint, the
-        version's record and its inclusion proof against that checkpoint."""
+        version's record and its inclusion proof against that checkpoint. An entry deleted
+        (or unknown) is 404 `entry_not_found`, as its versions are; its records stay in the
+        log (`GET /v1/log/records`)."""
+        head = await self.store.get_entry_head(did, attestations=0)
+        if head is None or head.lifecycle == "deleted":
+            raise NotFound("entry not found", code="entry_not_found", details={"entryDid": did})
         if await self.store.get_version(did, sequence) is None:
             raise NotFound("no such version of this entry", code="version_not_found")
         latest = await self.latest()

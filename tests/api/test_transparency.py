@@ -168,6 +168,11 @@ async def test_bad_parameters_are_refused_and_sizes_past_the_checkpoint_are_not_
         ("/v1/log/records?limit=0", 400, "invalid_limit"),
         ("/v1/log/records?from=99999999999999999", 400, "invalid_from"),
         ("/v1/log/checkpoint?treeSize=-1", 400, "invalid_tree_size"),
+        # Malformed: the same code as out of range (it was `invalid_treeSize`).
+        ("/v1/log/checkpoint?treeSize=x", 400, "invalid_tree_size"),
+        ("/v1/log/checkpoint?treeSize=", 400, "invalid_tree_size"),
+        ("/v1/log/checkpoint?treeSize=9007199254740992", 400, "invalid_tree_size"),
+        ("/v1/log/proof/inclusion?sequence=1&treeSize=1.5", 400, "invalid_tree_size"),
         (f"/v1/log/checkpoint?treeSize={n + 7}", 404, "checkpoint_not_found"),
         ("/v1/log/proof/inclusion", 400, "invalid_sequence"),
         (f"/v1/log/proof/inclusion?sequence={n + 1}&treeSize={n}", 400, "invalid_sequence"),
@@ -179,7 +184,7 @@ async def test_bad_parameters_are_refused_and_sizes_past_the_checkpoint_are_not_
         (f"/v1/log/proof/consistency?from=1&to={n + 1}", 404, "tree_size_unknown"),
         (f"/v1/entries/{did}/versions/0/proof", 400, "invalid_sequence"),
         (f"/v1/entries/{did}/versions/{n + 5}/proof", 404, "version_not_found"),
-        (f"/v1/entries/did:example:nobody/versions/{sequences[0]}/proof", 404, "version_not_found"),
+        (f"/v1/entries/did:example:nobody/versions/{sequences[0]}/proof", 404, "entry_not_found"),
     ]
     for path, status, code in cases:
         await error_of(await c.get(path), status, code)
@@ -192,6 +197,34 @@ async def test_bad_parameters_are_refused_and_sizes_past_the_checkpoint_are_not_
     assert page == {"records": [], "hasMore": False, "next": n + 10}
     # A proof of the same size from and to is empty.
     assert (await get_json(h, f"/v1/log/proof/consistency?from={n}&to={n}"))["proof"] == []
+
+
+async def test_a_deleted_entrys_versions_have_no_proof_bundle_as_they_have_no_reads(
+    fresh: Harness,
+) -> None:
+    """After a delete every read of the entry's versions is 404 entry_not_found; its bundles
+    still answered 200 (with the version's record). The records stay in the log."""
+    h = fresh
+    key = SigningKey.generate()
+    token = await sign_in(h.client, key)
+    r = await h.client.post("/v1/entries", json=signed_entry(key), headers=bearer(token, **idem()))
+    assert r.status_code == 201, await r.get_data()
+    did, sequence = (await r.get_json())["entryDid"], (await r.get_json())["sequence"]
+    with trio.fail_after(10):
+        await h.service.transparency.checkpointed(await h.store.log_head())
+    c = anon_client(h)
+    assert (await c.get(f"/v1/entries/{did}/versions/{sequence}/proof")).status_code == 200
+    r = await h.client.delete(f"/v1/entries/{did}", headers=bearer(token, **idem()))
+    assert r.status_code == 200, await r.get_data()
+    with trio.fail_after(10):
+        await h.service.transparency.checkpointed(await h.store.log_head())
+    for path in (
+        f"/v1/entries/{did}/versions/{sequence}",
+        f"/v1/entries/{did}/versions/{sequence}/proof",
+    ):
+        await error_of(await c.get(path), 404, "entry_not_found")
+    records = (await get_json(h, "/v1/log/records"))["records"]
+    assert [r["subject"] for r in records if r["kind"].startswith("entry.")] == [did, did]
 
 
 # --- a peer's cosignature (POST /v1/federation/cosignature) ------------------------------------
