@@ -109,33 +109,43 @@ def _redacted(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
-def _check_port_free(host: str, port: int) -> None:
-    """Fail before anything starts if the listen address is taken (as Hypercorn binds it)."""
+def _check_port_free(host: str, port: int, *, setting: str | None = None) -> None:
+    """Fail before anything starts if the listen address is taken (as Hypercorn binds it);
+    `setting` names what chooses it."""
     if port == 0:
         return
     try:
         family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
     except socket.gaierror as exc:
-        raise CliError(f"cannot listen on {host}: {exc.strerror}; check --host") from None
+        raise CliError(
+            f"cannot listen on {host}: {exc.strerror}; check {setting or '--host'}"
+        ) from None
     with socket.socket(family, kind, proto) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(address)
         except OSError as exc:
-            raise _bind_error(host, port, exc) from None
+            raise _bind_error(host, port, exc, setting=setting) from None
 
 
-def _bind_error(host: str, port: int, exc: OSError) -> CliError:
+def _bind_error(host: str, port: int, exc: OSError, *, setting: str | None = None) -> CliError:
     if exc.errno == errno.EADDRINUSE:
         return CliError(
             f"port {port} on {host} is already in use (another registry or program listens"
-            " there); stop it, or choose another port with --port"
+            f" there); stop it, or choose another port with {setting or '--port'}"
         )
     reason = exc.strerror or str(exc)
     return CliError(
         f"cannot listen on {host} port {port}: {reason[:1].lower()}{reason[1:]}; choose another"
-        " with --host/--port"
+        f" with {setting or '--host/--port'}"
     )
+
+
+def _metrics_address(config: Config) -> tuple[str, int] | None:
+    if not config.metrics.listen:
+        return None
+    host, _, port = config.metrics.listen.rpartition(":")
+    return host.removeprefix("[").removesuffix("]"), int(port)
 
 
 def _check_data_dir_free(data_dir: Path) -> None:
@@ -154,6 +164,9 @@ def _check_data_dir_free(data_dir: Path) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     config = _config(args)
     _check_port_free(config.server.host, config.server.port)
+    metrics = _metrics_address(config)
+    if metrics is not None:
+        _check_port_free(*metrics, setting="metrics.listen")
     if not config.database.url:
         _check_data_dir_free(config.server.data_dir)
 
@@ -239,9 +252,23 @@ def _server_failure(exc: BaseException, config: Config) -> CliError | None:
         if isinstance(leaf, DataDirInUse):
             return CliError(str(leaf))
         if isinstance(leaf, OSError) and leaf.errno == errno.EADDRINUSE:
+            metrics = _metrics_address(config)
+            if metrics is not None:  # which of the two was taken in between is not known
+                return CliError(
+                    f"port {config.server.port} on {config.server.host} or the metrics"
+                    f" listener {config.metrics.listen} is already in use; stop what listens"
+                    " there, or choose another (--port, metrics.listen)"
+                )
             return _bind_error(config.server.host, config.server.port, leaf)
         if isinstance(leaf, MigrationError | EmbeddedPostgresError | KeyFileError):
             return CliError(str(leaf))
+        if isinstance(leaf, OSError) and leaf.filename is not None:
+            # A path this process could not make or use (the data directory, a key file):
+            # not the database's fault, whatever database.url says.
+            return CliError(
+                f"cannot use {leaf.filename}: {leaf.strerror or leaf}; check --data-dir"
+                " (server.data_dir) and the paths of the configuration"
+            )
         if isinstance(leaf, asyncpg.PostgresError | OSError) and config.database.url:
             return CliError(
                 f"cannot use the database at {_redacted(config.database.url)}:"

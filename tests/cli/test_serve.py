@@ -38,6 +38,40 @@ def test_serve_on_a_port_in_use(tmp_path: Path, database_url: str) -> None:
     )
 
 
+def test_serve_with_its_metrics_listener_port_in_use_names_that_port(
+    tmp_path: Path, database_url: str
+) -> None:
+    """It was reported as the API's port (which was free), with --port as the way out."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        metrics_port = taken.getsockname()[1]
+        cli = Cli(tmp_path)
+        toml = cli.write("registry.toml", f'[metrics]\nlisten = "127.0.0.1:{metrics_port}"\n')
+        ran = cli(
+            *("serve", "--port", free_port(), "--data-dir", tmp_path / "data"),
+            *("--database-url", database_url, "--config", toml),
+        )
+    assert ran.error_line() == (
+        f"registry: port {metrics_port} on 127.0.0.1 is already in use (another registry or"
+        " program listens there); stop it, or choose another port with metrics.listen"
+    )
+
+
+def test_a_data_dir_that_cannot_be_made_is_named_not_blamed_on_the_database(
+    tmp_path: Path, database_url: str
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    ran = Cli(tmp_path)(
+        *("serve", "--port", free_port(), "--data-dir", blocker / "data"),
+        *("--database-url", database_url),
+    )
+    line = ran.error_line()
+    assert line.startswith(f"registry: cannot use {blocker / 'data'}"), line
+    assert "database" not in line.replace("(server.data_dir)", ""), line
+
+
 def test_a_second_serve_or_migrate_on_a_data_dir_in_use(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
     with run_server(data_dir) as first:  # the embedded PostgreSQL of data_dir
