@@ -83,11 +83,12 @@ def node_env(key_file: Path, peers: list[dict[str, Any]]) -> dict[str, str]:
 @contextmanager
 def registry_and_origin(
     tmp_path: Path, database_url: str, names: list[str]
-) -> Iterator[tuple[dict[str, Server], Server, SigningKey, str]]:
-    """The registry's processes on `database_url` (one key for all of them), the first started
-    alone until it leads anchoring and federation; and an origin registry on its own database,
-    each the other's peer (the origin pulls from the last process). Yields the processes by
-    name, the origin, the origin's key and its database."""
+) -> Iterator[tuple[dict[str, Server], Server, SigningKey, str, str]]:
+    """The registry's processes on a fresh database of `database_url`'s server (the session's
+    holds other tests' intents, abandoned ones among them), one key for all of them, the first
+    started alone until it leads anchoring and federation; and an origin registry on its own
+    database, each the other's peer (the origin pulls from the last process). Yields the
+    processes by name, the origin, the origin's key, its database and the registry's."""
     ours, theirs = SigningKey.generate(), SigningKey.generate()
     write_key_file(tmp_path / "registry.key", ours)
     write_key_file(tmp_path / "origin.key", theirs)
@@ -95,7 +96,8 @@ def registry_and_origin(
     url = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
     env = {**node_env(tmp_path / "registry.key", [peer(theirs, url["origin"])]), **ANCHORING_ENV}
     with ExitStack() as stack:
-        origin_database = stack.enter_context(databases(database_url))()
+        new_database = stack.enter_context(databases(database_url))
+        ours_database, origin_database = new_database(), new_database()
         origin = stack.enter_context(
             run_server(
                 tmp_path / "origin",
@@ -108,12 +110,12 @@ def registry_and_origin(
         for name in names:
             started[name] = stack.enter_context(
                 run_server(
-                    tmp_path / name, database_url=database_url, extra_env=env, port=ports[name]
+                    tmp_path / name, database_url=ours_database, extra_env=env, port=ports[name]
                 )
             )
             if name == names[0]:
                 wait_for_lines(started[name], [ANCHORING_LEADER, FEDERATION_LEADER])
-        yield started, origin, theirs, origin_database
+        yield started, origin, theirs, origin_database, ours_database
 
 
 @asynccontextmanager
@@ -249,7 +251,7 @@ async def test_processes_writing_at_once_keep_the_log_gap_free_and_exact(
     publisher, issuer, reporter, origin_publisher = (SigningKey.generate() for _ in range(4))
     names = ["doomed", "a", "b", "c", "listener"]
     nodes = registry_and_origin(tmp_path, database_url, names)
-    async with entered_in_a_thread(nodes) as (started, origin, them, odb):
+    async with entered_in_a_thread(nodes) as (started, origin, them, odb, database_url):
         doomed, a, b, c, listener = (started[name] for name in names)
 
         def session(url: str, key: SigningKey) -> str:
@@ -411,10 +413,10 @@ async def test_processes_writing_at_once_keep_the_log_gap_free_and_exact(
         )
         for line in (ANCHORING_LEADER, FEDERATION_LEADER):
             assert any(line in s.output() for s in (a, b, c, listener)), "no process took over"
+        intents = await trio.to_thread.run_sync(anchored_exactly_once, database_url)
+        rows = await log_rows(database_url, start)  # (the database goes with the processes)
 
-    intents = await trio.to_thread.run_sync(anchored_exactly_once, database_url)
     assert versions <= set(intents), "an acknowledged entry version has no anchor intent"
-    rows = await log_rows(database_url, start)
     sequences_ = [seq for seq, _, _ in rows]
     assert sequences_ == list(range(start + 1, start + 1 + len(rows))), "the log has a gap"
     by_sequence = {seq: did for seq, _, did in rows}
