@@ -42,7 +42,7 @@ path: events one ASGI message each, and only Hypercorn's own limits (keep-alive 
 incomplete-request size). Connections over TLS are never wrapped; their subscribers take the
 ordinary path too. A plain connection that switches to HTTP/2 (its preface first, or an h2c
 upgrade) stays wrapped but is passed through (`http2`): the caps and the write timeout hold,
-the read deadlines of one HTTP/1.1 request at a time do not.
+and the connection as a whole lasts at most one request's time.
 """
 
 from __future__ import annotations
@@ -283,6 +283,7 @@ class FrameStream(trio.abc.HalfCloseableStream):
         # Set when the answer owed for a whole request has gone out whole (or the connection
         # is gone): a client's end of stream read meanwhile waits for it (`receive_some`).
         self._answer_out: trio.Event | None = None
+        self._owed = False  # a request has begun and its answer's end has not been written
         self.serving: trio.CancelScope | None = None  # Hypercorn's task for this connection
         self._fd = inner.socket.fileno()
         self._pending: deque[bytes | memoryview] = deque()
@@ -295,6 +296,7 @@ class FrameStream(trio.abc.HalfCloseableStream):
         # HTTP/2 in clear text (prior knowledge, or an h2c upgrade): Hypercorn's own framing,
         # passed through with the connection caps and the write timeout only (`_start_http2`).
         self.http2 = False
+        self._http2_since = 0.0  # when it switched (its deadline: `_read_deadline`)
         # A request's first bytes, until they tell whether it is HTTP/2's preface (None: not).
         self._opening: bytes | None = b""
         self.sealed = False  # a close frame went out: nothing may follow it
@@ -335,6 +337,7 @@ class FrameStream(trio.abc.HalfCloseableStream):
             return 0
         except OSError as exc:  # reset, broken pipe: the client is gone
             self.broken = True
+            self._release_end()
             raise trio.BrokenResourceError(str(exc)) from exc
         self.stalled_since = None
         return sent
@@ -376,6 +379,15 @@ class FrameStream(trio.abc.HalfCloseableStream):
                 raise trio.BrokenResourceError(f"the client took no data for {send_timeout:g}s")
         await trio.lowlevel.checkpoint()
 
+    def request_started(self) -> None:
+        """Hypercorn began a request (its `Updated(idle=False)`): also one pipelined behind
+        the last, whose bytes came with it."""
+        if not self.websocket and not self.http2:
+            self._owed = True
+            if self._request_since is None:
+                self._request_since = trio.current_time()
+                self._renew_read_deadline()
+
     def _release_end(self) -> None:
         if self._answer_out is not None:
             self._answer_out.set()
@@ -411,17 +423,20 @@ class FrameStream(trio.abc.HalfCloseableStream):
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         if self.sealed and data:
             raise trio.ClosedResourceError("a close frame was sent")
-        if self._answer_out is not None and (not data or data == b"0\r\n\r\n"):
+        if self._owed and self._request_since is None and (not data or data == b"0\r\n\r\n"):
             # The end of an answer (h11 ends a declared length with nothing, chunks with the
             # last chunk), after the owed answer's head: once written, a held end of stream
             # may go to Hypercorn.
             try:
                 await self._send_all(data)
             finally:
-                if self._request_since is None:
-                    self._release_end()
+                self._owed = False
+                self._release_end()
             return
         await self._send_all(data)
+        if self._owed and (self.websocket or self.http2):
+            self._owed = False  # the 101 is out: an end is the new protocol's to see
+            self._release_end()
 
     async def _send_all(self, data: bytes | bytearray | memoryview) -> None:
         if self._held_head is not None:
@@ -529,7 +544,11 @@ class FrameStream(trio.abc.HalfCloseableStream):
         if scope.cancelled_caught:
             self.cut()
             raise trio.TooSlowError
-        if not data and self.request_under_way:
+        if (
+            not data
+            and (self.request_under_way or self._owed)
+            and not (self.websocket or self.http2)
+        ):
             # The client ended its side after its request (`printf … | nc`, an HTTP/1.0
             # script): it still reads. Hypercorn would take the end for a disconnect, and the
             # app's answer would be cancelled: it gets the end once the answer is out. Until
@@ -563,13 +582,19 @@ class FrameStream(trio.abc.HalfCloseableStream):
                 self._client_frames.feed(data, trio.current_time())
             except _FrameRefused as refused:
                 await self._refuse_frames(refused, limits)
-        elif self._request_since is None:
+        elif self._request_since is None and data:
             self._request_since = trio.current_time()  # the first byte of a request
+            self._owed = True
         return data
 
     def _read_deadline(self, limits: ConnectionLimits) -> float:
-        if self.websocket or self.http2:  # the event stream's (Hypercorn's HTTP/2) rules apply
+        if self.websocket:  # the event stream's own idle and send rules apply
             return math.inf
+        if self.http2:
+            # Streams interleave: no deadline of one request can follow them, and Hypercorn's
+            # keep-alive holds only while none is open (a stream whose body never came held
+            # its task for good). The connection as a whole gets one request's time.
+            return self._http2_since + limits.request_timeout
         since = self._request_since
         if since is None:  # between requests (or before the first): the keep-alive timeout
             return self._answered + limits.keep_alive_timeout
@@ -579,10 +604,13 @@ class FrameStream(trio.abc.HalfCloseableStream):
 
     def _start_http2(self) -> None:
         """The connection speaks HTTP/2 from here on: its streams interleave, so the read
-        deadlines of one HTTP/1.1 request at a time do not apply; Hypercorn's own HTTP/2 rules
-        do (its keep-alive timeout for a connection without a stream), as on TLS connections,
-        which are never wrapped. The connection caps and the write timeout stay."""
+        deadlines of one HTTP/1.1 request at a time cannot follow them; the connection as a
+        whole is given one request's time (`request_timeout`, from the switch), the caps and
+        the write timeout stay, and no frame or head of it is looked at."""
         self.http2 = True
+        self._http2_since = self._request_since or trio.current_time()
+        self._owed = False
+        self._release_end()
         self._opening = None
         self._request_since = None
         self._awaiting_answer = False
@@ -783,6 +811,7 @@ def install_in_hypercorn() -> bool:
         )
         return False
     from hypercorn.config import Config
+    from hypercorn.events import Updated
     from hypercorn.trio import run as worker
     from hypercorn.trio.tcp_server import TCPServer
     from hypercorn.trio.worker_context import TrioSingleTask, WorkerContext
@@ -815,6 +844,13 @@ def install_in_hypercorn() -> bool:
             ):
                 self.idle_at_shutdown = IdleAtShutdown(stream)
                 self.idle_at_shutdown.follow(self.idle_task)
+
+        async def protocol_send(self, event: Any) -> None:
+            # Hypercorn begins each request with `Updated(idle=False)`, one pipelined behind
+            # the last too (its bytes came with it: no read tells the stream).
+            if type(event) is Updated and not event.idle and isinstance(self.stream, FrameStream):
+                self.stream.request_started()
+            await super().protocol_send(event)
 
         async def run(self) -> None:
             if self.plain:

@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import socket
+import struct
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -18,7 +19,7 @@ import pytest
 import trio
 from hypercorn.config import Config as HyperConfig
 from hypercorn.trio import run as hypercorn_worker
-from quart import websocket
+from quart import Response, websocket
 from quart_trio import QuartTrio
 from trio_websocket import open_websocket_url
 from wsproto.frame_protocol import FrameProtocol, Opcode
@@ -26,6 +27,7 @@ from wsproto.frame_protocol import FrameProtocol, Opcode
 from ws import transport
 from ws.transport import (
     CURRENT_STREAM,
+    GUARD_ATTRIBUTE,
     PLAIN_ATTRIBUTE,
     FrameStream,
     hook_unfit,
@@ -503,28 +505,206 @@ async def test_an_h2c_upgrade_is_served_over_http2_not_read_as_websocket_frames(
 
 
 @pytest.mark.usefixtures("hypercorn_with_frame_streams")
-async def test_http2_with_prior_knowledge_is_not_held_to_one_requests_deadlines() -> None:
-    """The preface first (`PRI * HTTP/2.0`): streams interleave on the connection, so the read
-    deadlines of one HTTP/1.1 request (here 0.3 s from its first byte) do not cut it; an
-    HTTP/1.1 request on another connection of the same server is still held to them."""
+async def test_http2_with_prior_knowledge_gets_one_requests_time_as_a_whole() -> None:
+    """The preface first (`PRI * HTTP/2.0`): streams interleave, so the read deadline between
+    two requests (here 0.3 s) does not cut it; the connection as a whole is cut one request's
+    time (1 s) after it switched."""
     import h2.config
     import h2.connection
 
-    async with serving(h2_app(), bounded(request_timeout=0.3, read_timeout=0.3)) as url:
-        async with await open_to(url) as stream:
-            conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
-            conn.initiate_connection()
-            preface = conn.data_to_send()
-            assert preface.startswith(transport.H2_PREFACE)
-            await stream.send_all(preface[:5])  # the preface in parts
-            await stream.send_all(preface[5:])
-            assert await h2_get(stream, conn, "/t", []) == b"hello"
-            await trio.sleep(0.6)  # two request timeouts: the time passing is what is tested
-            assert await h2_get(stream, conn, "/t", []) == b"hello"
-        async with await open_to(url) as slow:
-            await slow.send_all(b"GET /t HTTP/1.1\r\n")  # and nothing more
-            with trio.fail_after(DEADLINE):
-                assert await slow.receive_some() == b""  # cut by the request timeout
+    config = bounded(request_timeout=1.0, read_timeout=0.3)
+    async with serving(h2_app(), config) as url, await open_to(url) as stream:
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        conn.initiate_connection()
+        preface = conn.data_to_send()
+        assert preface.startswith(transport.H2_PREFACE)
+        await stream.send_all(preface[:5])  # the preface in parts
+        await stream.send_all(preface[5:])
+        opened = trio.current_time()
+        assert await h2_get(stream, conn, "/t", []) == b"hello"
+        await trio.sleep(0.5)  # longer than the read timeout: the time is what is tested
+        assert await h2_get(stream, conn, "/t", []) == b"hello"
+        with trio.fail_after(DEADLINE):
+            while await stream.receive_some():
+                pass
+        assert trio.current_time() - opened == pytest.approx(1.0, abs=0.3)
+
+
+@pytest.mark.usefixtures("hypercorn_with_frame_streams")
+async def test_an_http2_request_whose_body_never_comes_is_cut() -> None:
+    """Hypercorn's keep-alive holds only while no stream is open, and streams have no read
+    deadline of their own: a POST whose body never came held its task (and the connection)
+    for good, up to 100 such streams per connection."""
+    import h2.config
+    import h2.connection
+    from quart import request
+
+    app = QuartTrio(__name__)
+    waiting = trio.Event()
+
+    @app.route("/upload", methods=["POST"])
+    async def upload() -> str:
+        waiting.set()
+        await request.get_data()
+        return "stored"
+
+    config = bounded(request_timeout=0.3, read_timeout=0.3, keep_alive_timeout=0.3)
+    gone = released(getattr(config, GUARD_ATTRIBUTE))
+    async with serving(app, config) as url:
+        stream = await open_to(url)
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        conn.initiate_connection()
+        headers = [(":method", "POST"), (":path", "/upload"), (":scheme", "http"),
+                   (":authority", "t"), ("content-length", "100")]  # fmt: skip
+        conn.send_headers(1, headers, end_stream=False)
+        await stream.send_all(conn.data_to_send())
+        with trio.fail_after(DEADLINE):
+            await waiting.wait()
+            await gone.wait()
+        await stream.aclose()
+
+
+def released(guard: Any) -> trio.Event:
+    """Set when `guard` lets a connection go (its `release`)."""
+    event = trio.Event()
+    release = guard.release
+
+    def noting(key: Any) -> None:
+        release(key)
+        event.set()
+
+    guard.release = noting
+    return event
+
+
+async def read_to_end(stream: trio.SocketStream) -> bytes:
+    answer = b""
+    while chunk := await stream.receive_some():
+        answer += chunk
+    return answer
+
+
+@pytest.mark.usefixtures("hypercorn_with_frame_streams")
+async def test_pipelined_requests_then_a_half_close_get_every_answer() -> None:
+    """The second request comes in the first's read: no read tells the stream it began
+    (Hypercorn's `Updated(idle=False)` does), and its answer was cancelled by the end."""
+    from api.framing import with_framing_checks
+
+    app = QuartTrio(__name__)
+
+    @app.route("/a")
+    async def a() -> str:
+        return "first"
+
+    @app.route("/b")
+    async def b() -> str:
+        await trio.sleep(0.3)  # the client's end arrives meanwhile
+        return "second"
+
+    app.asgi_app = with_framing_checks(app.asgi_app, lambda: "rid")  # type: ignore[method-assign]
+    async with serving(app, bounded()) as url:
+        with trio.fail_after(DEADLINE):
+            stream = await open_to(url)
+            await stream.send_all(
+                b"GET /a HTTP/1.1\r\nHost: t\r\n\r\n"
+                b"GET /b HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
+            )
+            await stream.send_eof()
+            answer = await read_to_end(stream)
+            await stream.aclose()
+    assert b"first" in answer, answer
+    assert answer.endswith(b"second"), answer
+
+
+@pytest.mark.usefixtures("hypercorn_with_frame_streams")
+async def test_a_half_close_after_the_head_of_a_streamed_answer_still_gets_all_of_it() -> None:
+    app = QuartTrio(__name__)
+
+    @app.route("/stream")
+    async def streamed() -> Response:
+        async def body() -> Any:
+            yield b"part1;"
+            await trio.sleep(0.5)  # the client's end arrives meanwhile
+            yield b"part2"
+
+        return Response(body(), content_type="text/plain")
+
+    async with serving(app, bounded()) as url:
+        with trio.fail_after(DEADLINE):
+            stream = await open_to(url)
+            await stream.send_all(b"GET /stream HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+            first = await stream.receive_some()  # the head and the first chunk
+            await stream.send_eof()
+            answer = first + await read_to_end(stream)
+            await stream.aclose()
+    assert b"part1;" in answer, answer
+    assert b"part2" in answer, answer
+
+
+@pytest.mark.usefixtures("hypercorn_with_frame_streams")
+async def test_a_websocket_handshake_whose_client_has_closed_is_not_kept_open() -> None:
+    """The end read during the handshake was held for an answer that never ends (the 101): the
+    app's receive never returned and the connection outlived its client."""
+    app = QuartTrio(__name__)
+    ended = trio.Event()
+
+    @app.websocket("/ws")
+    async def ws() -> None:
+        await trio.sleep(0.3)  # the client's end is read (and held) before the 101
+        await websocket.accept()
+        try:
+            await websocket.receive()
+        finally:
+            ended.set()
+
+    config = bounded(read_timeout=0.5, request_timeout=1, keep_alive_timeout=1)
+    gone = released(getattr(config, GUARD_ATTRIBUTE))
+    async with serving(app, config) as url:
+        stream = await open_to(url)
+        await stream.send_all(
+            b"GET /ws HTTP/1.1\r\nHost: t\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+        )
+        await stream.send_eof()
+        with trio.fail_after(DEADLINE):
+            await ended.wait()
+            await gone.wait()
+        await stream.aclose()
+
+
+@pytest.mark.usefixtures("hypercorn_with_frame_streams")
+async def test_a_held_end_whose_answer_fails_to_write_does_not_keep_the_connection() -> None:
+    """Half-closed, then reset: the answer's write fails, the app is cancelled before its end,
+    and the held end waited for the keep-alive timeout (75 s)."""
+    from api.framing import with_framing_checks
+
+    app = QuartTrio(__name__)
+    reset_done = trio.Event()
+
+    @app.route("/stream")
+    async def streamed() -> Response:
+        await reset_done.wait()
+
+        async def body() -> Any:
+            for _ in range(20):
+                yield b"x" * 1000
+                await trio.sleep(0.05)
+
+        return Response(body(), content_type="text/plain")
+
+    app.asgi_app = with_framing_checks(app.asgi_app, lambda: "rid")  # type: ignore[method-assign]
+    config = bounded()  # the defaults: keep_alive_timeout 75 s
+    gone = released(getattr(config, GUARD_ATTRIBUTE))
+    async with serving(app, config) as url:
+        stream = await open_to(url)
+        await stream.send_all(b"GET /stream HTTP/1.1\r\nHost: t\r\n\r\n")
+        await stream.send_eof()
+        await trio.sleep(0.3)  # the server reads the end and holds it
+        stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        await stream.aclose()  # a reset
+        reset_done.set()
+        with trio.fail_after(DEADLINE):
+            await gone.wait()
 
 
 async def read_answers(url: str, request: bytes) -> bytes:
@@ -757,3 +937,33 @@ async def test_a_client_that_half_closes_in_the_middle_of_its_body_is_cut_by_the
             await stream.aclose()
     assert reached.is_set()
     assert answer == b""
+
+
+@pytest.mark.usefixtures("hypercorn_with_frame_streams")
+async def test_a_websocket_client_that_goes_after_its_handshake_frees_the_connection() -> None:
+    """The handshake's first byte marks an answer owed; the 101 settles it. A first version of
+    the end hold kept it owed, held the client's later end for good (no deadline after the
+    upgrade), and a client's connections piled up to its cap (1013)."""
+    app = QuartTrio(__name__)
+
+    @app.websocket("/ws")
+    async def ws() -> None:
+        await websocket.accept()
+        await websocket.receive()
+
+    config = bounded()
+    gone = released(getattr(config, GUARD_ATTRIBUTE))
+    async with serving(app, config) as url:
+        stream = await open_to(url)
+        await stream.send_all(
+            b"GET /ws HTTP/1.1\r\nHost: t\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+        )
+        with trio.fail_after(DEADLINE):
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += await stream.receive_some()
+            assert head.startswith(b"HTTP/1.1 101 "), head
+            await stream.send_eof()  # the client goes, without a close frame
+            await gone.wait()
+        await stream.aclose()
