@@ -348,9 +348,7 @@ async def run_peer(deps: PeerDeps, peer: PeerConfig) -> None:
                 answer = await fetch.result()
             except _Failed as exc:
                 log.warning("federation: pull from %s failed: %s", did, exc)
-                now = deps.clock_ms()
-                failed = replace(state, breaker=state.breaker.on_failure(now, deps.rand()))
-                state = await _record(deps, state, failed, [], [])
+                state = await _record_failure(deps, state)
                 continue
             except _BackPressure as exc:
                 # Back-pressure is not an answer on the peer's health: the breaker stays as it
@@ -388,9 +386,7 @@ async def run_peer(deps: PeerDeps, peer: PeerConfig) -> None:
                 # A page the database refuses (a value no check above caught): a failed pull
                 # of this peer, counted by its breaker, never the end of the process.
                 log.error("federation: the database refused a page from %s: %s", did, exc)
-                now = deps.clock_ms()
-                failed = replace(state, breaker=state.breaker.on_failure(now, deps.rand()))
-                state = await _record(deps, state, failed, [], [])
+                state = await _record_failure(deps, state)
                 continue
             if answer.has_more and state.cursor == pulled.cursor:
                 await trio.lowlevel.checkpoint()
@@ -479,6 +475,12 @@ async def _pull(deps: PeerDeps, did: str, request: dict[str, object], cursor: in
         return read_sync_response(verified.payload, cursor)
     except (ValueError, RecursionError, RegistryError, SyncAnswerInvalid) as exc:
         raise _Failed(f"bad answer: {exc}") from None
+
+
+async def _record_failure(deps: PeerDeps, state: PeerState) -> PeerState:
+    """A failed pull of the peer: counted by its breaker, stored; the state that now holds."""
+    failed = replace(state, breaker=state.breaker.on_failure(deps.clock_ms(), deps.rand()))
+    return await _record(deps, state, failed, [], [])
 
 
 async def _record(
