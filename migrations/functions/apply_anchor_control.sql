@@ -25,6 +25,8 @@ BEGIN
     ELSE
         DELETE FROM anchor_queue WHERE sequence = v_sequence;
     END IF;
-    RETURN QUERY SELECT jsonb_build_object('intentId', p_rows ->> 'intentId',
-                                           'state', p_rows ->> 'to')::text, NULL::jsonb;
+    -- The answer's text as every other body is written: compact, members in JCS order (a
+    -- jsonb's text has spaces and jsonb's own order).
+    RETURN QUERY SELECT '{"intentId":' || to_json(p_rows ->> 'intentId')::text
+                        || ',"state":' || to_json(p_rows ->> 'to')::text || '}', NULL::jsonb;
 END $$;

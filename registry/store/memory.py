@@ -518,7 +518,7 @@ def _apply_anchor_control(
     else:
         changed = replace(intent, state=to, updated_ms=tx.now_ms)
     tx.put(intents, intent.intent_id, changed)
-    return json.dumps({"intentId": intent.intent_id, "state": to}), None
+    return json.dumps({"intentId": intent.intent_id, "state": to}, separators=(",", ":")), None
 
 
 def _apply_peer_sync(
