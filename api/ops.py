@@ -23,13 +23,14 @@ QUARANTINED_SHOWN = 20  # per peer, in the overview
 def on_metrics_listener(config: Config, scope: Any = None) -> bool:
     """Whether this request (or WebSocket handshake: its `scope`) came through `metrics.listen`
     (where only /metrics is served)."""
-    if not config.metrics.listen:
+    address = config.metrics.address
+    if address is None:
         return False
-    host, _, port = config.metrics.listen.rpartition(":")
+    host, port = address
     server = (request.scope if scope is None else scope).get("server")
-    if not server or server[1] is None or int(server[1]) != int(port):
+    if not server or server[1] is None or int(server[1]) != port:
         return False
-    return host.strip("[]") in ("0.0.0.0", "::", "*", str(server[0]))
+    return host in ("0.0.0.0", "::", "*", str(server[0]))
 
 
 async def _deep_health(principal: Principal) -> dict[str, Any]:

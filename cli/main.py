@@ -141,13 +141,6 @@ def _bind_error(host: str, port: int, exc: OSError, *, setting: str | None = Non
     )
 
 
-def _metrics_address(config: Config) -> tuple[str, int] | None:
-    if not config.metrics.listen:
-        return None
-    host, _, port = config.metrics.listen.rpartition(":")
-    return host.removeprefix("[").removesuffix("]"), int(port)
-
-
 def _check_data_dir_free(data_dir: Path) -> None:
     """Fail before anything starts if another `serve` owns this data directory's embedded
     database (the lock `service.serve` takes; the message is the one `serve` would give)."""
@@ -164,7 +157,7 @@ def _check_data_dir_free(data_dir: Path) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     config = _config(args)
     _check_port_free(config.server.host, config.server.port)
-    metrics = _metrics_address(config)
+    metrics = config.metrics.address
     if metrics is not None:
         _check_port_free(*metrics, setting="metrics.listen")
     if not config.database.url:
@@ -252,7 +245,7 @@ def _server_failure(exc: BaseException, config: Config) -> CliError | None:
         if isinstance(leaf, DataDirInUse):
             return CliError(str(leaf))
         if isinstance(leaf, OSError) and leaf.errno == errno.EADDRINUSE:
-            metrics = _metrics_address(config)
+            metrics = config.metrics.address
             if metrics is not None:  # which of the two was taken in between is not known
                 return CliError(
                     f"port {config.server.port} on {config.server.host} or the metrics"

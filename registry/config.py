@@ -301,6 +301,14 @@ class MetricsConfig(_Section):
     # served; on server.host:port it then needs an admin session as above. Empty: no listener.
     listen: str = ""
 
+    @property
+    def address(self) -> tuple[str, int] | None:
+        """`listen` as (host, port), an IPv6 literal without its brackets; None: no listener."""
+        if not self.listen:
+            return None
+        host, _, port = self.listen.rpartition(":")
+        return host.removeprefix("[").removesuffix("]"), int(port)
+
     @field_validator("listen")
     @classmethod
     def _listen(cls, value: str) -> str:

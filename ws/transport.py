@@ -283,7 +283,9 @@ class FrameStream(trio.abc.HalfCloseableStream):
         # Set when the answer owed for a whole request has gone out whole (or the connection
         # is gone): a client's end of stream read meanwhile waits for it (`receive_some`).
         self._answer_out: trio.Event | None = None
-        self._owed = False  # a request has begun and its answer's end has not been written
+        # A request has begun (its first byte, or Hypercorn began it) and its answer's end has
+        # not been written: set whenever `_request_since` is, kept past the answer's head.
+        self._owed = False
         self.serving: trio.CancelScope | None = None  # Hypercorn's task for this connection
         self._fd = inner.socket.fileno()
         self._pending: deque[bytes | memoryview] = deque()
@@ -544,11 +546,7 @@ class FrameStream(trio.abc.HalfCloseableStream):
         if scope.cancelled_caught:
             self.cut()
             raise trio.TooSlowError
-        if (
-            not data
-            and (self.request_under_way or self._owed)
-            and not (self.websocket or self.http2)
-        ):
+        if not data and self._owed and not (self.websocket or self.http2):
             # The client ended its side after its request (`printf … | nc`, an HTTP/1.0
             # script): it still reads. Hypercorn would take the end for a disconnect, and the
             # app's answer would be cancelled: it gets the end once the answer is out. Until

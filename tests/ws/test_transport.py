@@ -577,6 +577,22 @@ def released(guard: Any) -> trio.Event:
     return event
 
 
+async def half_closed_answer(app: QuartTrio, request: bytes) -> bytes:
+    """What a client gets that sends `request` to `app` (behind the service's framing checks)
+    and then ends its side of the connection."""
+    from api.framing import with_framing_checks
+
+    app.asgi_app = with_framing_checks(app.asgi_app, lambda: "rid")  # type: ignore[method-assign]
+    async with serving(app, bounded()) as url:
+        with trio.fail_after(DEADLINE):
+            stream = await open_to(url)
+            await stream.send_all(request)
+            await stream.send_eof()
+            answer = await read_to_end(stream)
+            await stream.aclose()
+    return answer
+
+
 async def read_to_end(stream: trio.SocketStream) -> bytes:
     answer = b""
     while chunk := await stream.receive_some():
@@ -588,7 +604,6 @@ async def read_to_end(stream: trio.SocketStream) -> bytes:
 async def test_pipelined_requests_then_a_half_close_get_every_answer() -> None:
     """The second request comes in the first's read: no read tells the stream it began
     (Hypercorn's `Updated(idle=False)` does), and its answer was cancelled by the end."""
-    from api.framing import with_framing_checks
 
     app = QuartTrio(__name__)
 
@@ -601,17 +616,11 @@ async def test_pipelined_requests_then_a_half_close_get_every_answer() -> None:
         await trio.sleep(0.3)  # the client's end arrives meanwhile
         return "second"
 
-    app.asgi_app = with_framing_checks(app.asgi_app, lambda: "rid")  # type: ignore[method-assign]
-    async with serving(app, bounded()) as url:
-        with trio.fail_after(DEADLINE):
-            stream = await open_to(url)
-            await stream.send_all(
-                b"GET /a HTTP/1.1\r\nHost: t\r\n\r\n"
-                b"GET /b HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
-            )
-            await stream.send_eof()
-            answer = await read_to_end(stream)
-            await stream.aclose()
+    answer = await half_closed_answer(
+        app,
+        b"GET /a HTTP/1.1\r\nHost: t\r\n\r\n"
+        b"GET /b HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n",
+    )
     assert b"first" in answer, answer
     assert answer.endswith(b"second"), answer
 
@@ -876,7 +885,6 @@ async def test_a_client_that_half_closes_after_its_request_still_gets_the_answer
 ) -> None:
     """`printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc host port`: the client ends its side once the
     request is sent and reads the answer. Its end of stream must not cancel the answer."""
-    from api.framing import with_framing_checks
 
     app = QuartTrio(__name__)
 
@@ -885,16 +893,7 @@ async def test_a_client_that_half_closes_after_its_request_still_gets_the_answer
         await trio.sleep(0.3)  # the client's end arrives meanwhile
         return "done"
 
-    app.asgi_app = with_framing_checks(app.asgi_app, lambda: "rid")  # type: ignore[method-assign]
-    async with serving(app, bounded()) as url:
-        with trio.fail_after(DEADLINE):
-            stream = await open_to(url)
-            await stream.send_all(b"GET /slow HTTP/" + version + b"\r\nHost: t\r\n\r\n")
-            await stream.send_eof()
-            answer = b""
-            while chunk := await stream.receive_some():
-                answer += chunk
-            await stream.aclose()
+    answer = await half_closed_answer(app, b"GET /slow HTTP/" + version + b"\r\nHost: t\r\n\r\n")
     assert answer.startswith(b"HTTP/1.1 200"), answer
     assert answer.endswith(b"done")
 
