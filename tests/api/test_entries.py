@@ -941,3 +941,15 @@ async def test_registry_min_sequence_is_checked_on_reads_only(harness: Harness) 
     for good in ("0", sequence, str(2**63 - 1)):
         r = await client.get(path, headers={"Registry-Min-Sequence": good})
         assert r.status_code == 200, (good, await r.get_data())
+
+
+async def test_a_repeated_query_parameter_is_read_from_its_first_occurrence(
+    harness: Harness,
+) -> None:
+    """docs/api.md, "Query parameters": the first occurrence wins, the later ones are ignored."""
+    did, _ = await _entry_with_versions(harness, 2)
+    r = await harness.client.get(f"/v1/entries/{did}/versions?limit=1&limit=abc")
+    assert r.status_code == 200, await r.get_data()
+    assert len((await r.get_json())["versions"]) == 1
+    r = await harness.client.get(f"/v1/entries/{did}/versions?limit=abc&limit=1")
+    await error_of(r, 400, "invalid_limit")
