@@ -192,13 +192,17 @@ class Anchors:
 
     async def _receipt(self, r: Receipt, proofs: Proofs) -> dict[str, Any]:
         receipt: dict[str, Any] = {
-            "blockHeight": r.block_height,
             "observedAt": rfc3339_ms(r.observed_ms if r.observed_ms is not None else r.created_ms),
             "proof": None,
             "receiptKey": f"batch-{r.batch_id}",
             "state": "submitted" if r.state == "claimed" else r.state,
-            "transactionId": r.transaction_id,
         }
+        # Spec 2.3 types both (integer, string) and omits what is absent (spec 2): a batch
+        # claimed but not yet sent has no transaction, one not yet in a block no height.
+        if r.block_height is not None:
+            receipt["blockHeight"] = r.block_height
+        if r.transaction_id is not None:
+            receipt["transactionId"] = r.transaction_id
         if r.state == "confirmed":
             stored = proofs.get((r.batch_id, r.leaf_index))
             if stored is not None:

@@ -655,6 +655,10 @@ async def test_a_submitted_intent_can_be_abandoned_but_not_retried(held: Held) -
         [receipt] = record["receipts"]
         assert receipt["state"] == "submitted"
         assert receipt["proof"] is None
+        # Spec 2.3 types blockHeight an integer and spec 2 omits absent fields: not in a block
+        # yet, it is left out (it was null); the transaction, once sent, is a string.
+        assert "blockHeight" not in receipt, receipt
+        assert isinstance(receipt.get("transactionId", ""), str), receipt
         r = await control(client, token, intent, "retry", key())
         error = await error_of(r, 409, "intent_state_conflict")
         assert error["details"]["state"] == "submitted"
