@@ -11,10 +11,12 @@ Failures: a refusal of one change (entry exists, sequence conflict, ...) is that
 only. If the batch fails because the database refused a value (`Invalid`, e.g. a character it
 cannot store), the changes are applied again one by one, so only the offending caller gets the
 error. If the batch fails with another known error (database down), every caller of the batch
-gets that error and the actor goes on with the next batch; anything else is a bug and
-propagates. If the actor is cancelled (shutdown) mid-batch, its callers are told the write was
-interrupted: the batch may or may not have committed, exactly as for a request cut off by a
-crash, and the idempotency key makes the retry safe. A caller that gave up (cancelled) is
+gets that error and the actor goes on with the next batch. Anything else (a bug, or a limit no
+check foresaw) is found like a refused value and is its caller's 500, logged with its traceback:
+the actor goes on, where ending it would end every later write and the process with them. If
+the actor is cancelled (shutdown) mid-batch, its callers are told the write was interrupted: the
+batch may or may not have committed, exactly as for a request cut off by a crash, and the
+idempotency key makes the retry safe. A caller that gave up (cancelled) is
 skipped when its answer comes. Closing every handle's send side stops the actor.
 """
 
@@ -154,6 +156,33 @@ def _queued(receive: trio.MemoryReceiveChannel[_Append]) -> list[_Append]:
             return queued
 
 
+async def _one_by_one(
+    store: LogStore, batch: list[_Append], stats: WriterStats, exc: Exception
+) -> None:
+    """The batch failed for one of its changes, not for the database's condition: alone, the
+    change is its caller's answer; in a batch, each change is applied on its own so that one
+    bad change does not fail the others."""
+    if len(batch) == 1:
+        batch[0].reply.give(_answer_of(exc, batch[0]))
+        return
+    try:
+        for item in batch:
+            await _write_batch(store, [item], stats)
+    except BaseException:  # cancelled midway: those not yet answered are told (`give` keeps
+        _interrupted(batch)  # an answer already given)
+        raise
+
+
+def _answer_of(exc: Exception, item: _Append) -> RegistryError:
+    """A change's error for its caller. What the storage seam does not know (registry/store/
+    pg.py `condition_of`: a bug, or a limit no check foresaw) is that request's 500, logged with
+    its traceback, and never the end of the actor (and of the process with it)."""
+    if isinstance(exc, RegistryError):
+        return exc
+    log.error("a write failed (%s of %s)", item.change.kind, item.change.subject, exc_info=exc)
+    return RegistryError("internal server error")
+
+
 def _interrupted(batch: list[_Append]) -> None:
     interrupted = Unavailable("the write was interrupted", code="write_interrupted")
     for item in batch:
@@ -164,15 +193,7 @@ async def _write_batch(store: LogStore, batch: list[_Append], stats: WriterStats
     try:
         outcomes = await store.append([(item.change, item.idem) for item in batch])
     except Invalid as exc:
-        if len(batch) == 1:
-            batch[0].reply.give(exc)
-            return
-        try:
-            for item in batch:  # one bad change must not fail the others: each on its own
-                await _write_batch(store, [item], stats)
-        except BaseException:  # cancelled midway: those not yet answered are told (`give`
-            _interrupted(batch)  # keeps an answer already given)
-            raise
+        await _one_by_one(store, batch, stats, exc)
         return
     except RegistryError as exc:
         for item in batch:
@@ -182,6 +203,9 @@ async def _write_batch(store: LogStore, batch: list[_Append], stats: WriterStats
             line = stats.outage.failed(exc.code, trio.current_time())
             if line is not None:
                 log.warning(line)
+        return
+    except Exception as exc:  # its caller's 500 (`_answer_of`)
+        await _one_by_one(store, batch, stats, exc)
         return
     except BaseException:
         _interrupted(batch)

@@ -131,6 +131,11 @@ CONDITIONS: dict[str, tuple[str, str]] = {
     "53300": ("database_busy", "the database has too many connections"),
     "57014": ("database_timeout", "the database cancelled the statement (a timeout)"),
     "08": ("database_unavailable", "the database connection failed"),
+    # Refused at connect: pg_hba or a rotated password (28), the database dropped or renamed
+    # (3D), the role's rights taken (42501). The operator's doing, fixed without a restart.
+    "28": ("database_unavailable", "the database refuses this role's connections"),
+    "3D": ("database_unavailable", "the database named in the URL does not exist"),
+    "42501": ("database_unavailable", "the database refuses this role the rights it needs"),
     "40": ("database_busy", "the database rolled the transaction back (conflict or deadlock)"),
     "53": ("database_unavailable", "the database lacks a resource"),
     "55": ("database_busy", "a database object is in use"),
@@ -165,11 +170,13 @@ def condition_of(exc: BaseException) -> tuple[str, str] | None:
 
 
 def _translate(exc: BaseException) -> BaseException:
-    if isinstance(exc, asyncpg.exceptions.DataError):  # SQLSTATE class 22: a value it refuses
+    # Class 22, or 54000: a value it refuses, or one beyond a limit (an index row's size).
+    state = getattr(exc, "sqlstate", None)
+    if isinstance(exc, asyncpg.exceptions.DataError) or state == "54000":
         return Invalid(
             "the database cannot store a value of this request",
             code="value_not_storable",
-            details={"sqlstate": exc.sqlstate},
+            details={"sqlstate": state},
         )
     condition = condition_of(exc)
     if condition is None:

@@ -15,7 +15,7 @@ import trio.testing
 
 from actors.writer import Writer, run_writer
 from registry.changes import Change, IdemKey, Outcome
-from registry.errors import Invalid, Unavailable
+from registry.errors import Invalid, RegistryError, Unavailable
 from registry.store.memory import MemoryStore
 from tests.helpers import entry_created
 
@@ -262,3 +262,51 @@ async def test_closing_every_handle_stops_the_writer(
         await other.aclose()
     with pytest.raises(trio.ClosedResourceError):
         await other.append(create(new_did()), None)
+
+
+class BreaksOn(MemoryStore):
+    """Appending the change of one DID fails as nothing the storage seam knows does (a bug, a
+    limit no check foresaw): a raw exception, not a RegistryError."""
+
+    def __init__(self, poison: str, **options: float) -> None:
+        super().__init__(**options)
+        self.poison = poison
+
+    async def append(self, items: list[tuple[Change, IdemKey | None]]) -> list[Outcome]:
+        if any(change.subject == self.poison for change, _ in items):
+            await trio.sleep(1.0)
+            raise RuntimeError("index row size 3088 exceeds btree version 4 maximum 2704")
+        return await super().append(items)
+
+
+async def test_an_unexpected_failure_is_its_own_callers_500_and_the_writer_goes_on(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    poison = new_did()
+    store = BreaksOn(poison, latency=1.0)
+    outcomes: dict[str, Outcome | Exception] = {}
+    batch = [new_did(), poison, new_did()]
+
+    async def attempt(did: str) -> None:
+        try:
+            outcomes[did] = await writer.append(create(did), None)
+        except RegistryError as exc:
+            outcomes[did] = exc
+
+    with trio.fail_after(60):
+        async with open_writer(store) as writer:
+            async with trio.open_nursery() as callers:
+                callers.start_soon(writer.append, create(new_did()), None)  # occupies the writer
+                await trio.testing.wait_all_tasks_blocked()
+                for did in batch:  # one batch of three, the poisoned change among them
+                    callers.start_soon(attempt, did)
+            error = outcomes[poison]
+            assert type(error) is RegistryError
+            assert (error.status, error.code) == (500, "internal_error")
+            assert [entry_did(outcomes[did]) for did in batch if did != poison] == [
+                batch[0],
+                batch[2],
+            ]
+            later = new_did()  # the actor is still there
+            assert entry_did(await writer.append(create(later), None)) == later
+    assert "RuntimeError: index row size" in caplog.text  # logged with its traceback

@@ -44,6 +44,11 @@ E = asyncpg.exceptions
         (E.PostgresConnectionError("connection failure"), "database_unavailable"),
         (ConnectionResetError("reset"), "database_unavailable"),
         (OSError("no route"), "database_unavailable"),
+        # Refused at connect (pg_hba, a rotated password), the database dropped, rights revoked.
+        (E.InvalidAuthorizationSpecificationError("pg_hba.conf rejects"), "database_unavailable"),
+        (E.InvalidPasswordError("password authentication failed"), "database_unavailable"),
+        (E.InvalidCatalogNameError('database "app" does not exist'), "database_unavailable"),
+        (E.InsufficientPrivilegeError("permission denied for table log"), "database_unavailable"),
     ],
 )
 def test_a_condition_of_the_database_is_a_503_that_names_it(exc: BaseException, code: str) -> None:
@@ -53,8 +58,15 @@ def test_a_condition_of_the_database_is_a_503_that_names_it(exc: BaseException, 
     assert translated.status == 503
 
 
-def test_a_value_the_database_refuses_is_the_requests_fault() -> None:
-    translated = _translate(E.CharacterNotInRepertoireError("invalid byte sequence"))
+@pytest.mark.parametrize(
+    "exc",
+    [
+        E.CharacterNotInRepertoireError("invalid byte sequence"),
+        E.ProgramLimitExceededError("index row size 3088 exceeds btree version 4 maximum 2704"),
+    ],
+)
+def test_a_value_the_database_refuses_is_the_requests_fault(exc: BaseException) -> None:
+    translated = _translate(exc)
     assert isinstance(translated, Invalid)
     assert translated.code == "value_not_storable"
 
