@@ -953,3 +953,43 @@ async def test_a_repeated_query_parameter_is_read_from_its_first_occurrence(
     assert len((await r.get_json())["versions"]) == 1
     r = await harness.client.get(f"/v1/entries/{did}/versions?limit=abc&limit=1")
     await error_of(r, 400, "invalid_limit")
+
+
+async def test_the_widest_valid_entry_is_stored_and_a_longer_did_is_400(harness: Harness) -> None:
+    """The longest DID beside the widest name (256 characters of 4 UTF-8 bytes, incompressible):
+    their row in the name ordering's index must fit PostgreSQL's B-tree limit (a 2,048-character
+    DID did not: SQLSTATE 54000 ended the writer, and the process with it)."""
+    import random
+    import string
+
+    from registry.did import MAX_DID_LENGTH
+
+    rnd = random.Random(1)
+    prefix = "did:example:"
+    did = prefix + "".join(
+        rnd.choice(string.ascii_letters + string.digits)
+        for _ in range(MAX_DID_LENGTH - len(prefix))
+    )
+    name = "".join(chr(rnd.randrange(0x20000, 0x2A6DF)) for _ in range(256))
+    key = SigningKey.generate()
+    token = await sign_in(harness.client, key)
+    entry = signed_entry(key, did, name=name)
+    r = await harness.client.post("/v1/entries", json=entry, headers=bearer(token, **idem()))
+    assert r.status_code == 201, await r.get_data()
+    r = await harness.client.get(f"/v1/entries/{did}")
+    assert (await r.get_json())["name"] == name
+    r = await harness.client.post(
+        "/v1/discover",
+        json={"entryType": "*", "publisherDid": key.did, "orderBy": "name"},
+        headers=bearer(token),
+    )
+    assert [e["entryDid"] for e in (await r.get_json())["entries"]] == [did]
+    longer = signed_entry(key, did + "x", name=name)
+    r = await harness.client.post("/v1/entries", json=longer, headers=bearer(token, **idem()))
+    error = await error_of(r, 400, "entry_invalid")
+    assert "entryDid" in [e["field"] for e in error["details"]["errors"]], error
+    # The writer and the process are still there.
+    r = await harness.client.post(
+        "/v1/entries", json=signed_entry(key), headers=bearer(token, **idem())
+    )
+    assert r.status_code == 201, await r.get_data()
