@@ -38,6 +38,7 @@ from registry.changes import (
 from registry.errors import Invalid, Unavailable
 from registry.merkle import NODE_BYTES
 from registry.metering import timed_statement
+from registry.outage import ConditionLog
 from registry.query import RegistryQuery
 from registry.store import (
     INLINE_ATTESTATIONS,
@@ -58,6 +59,7 @@ from registry.store import (
 from registry.store.discover import Plan, bytes_before, compile_discover
 from registry.store.pool import LeanPool
 from registry.store.routing import (
+    PRIMARY_HEAD_SECONDS,
     READ_FLOOR,
     REPLICA_DEADLINE_SECONDS,
     RETRY_SECONDS,
@@ -1400,6 +1402,8 @@ class RoutedPgStore(PgStore):
         self._replica = replica
         self._poll_seconds = poll_seconds
         self.replica_state = ReplicaState()
+        # One WARNING when the replica fails, then one a minute while it lasts, and the recovery.
+        self._replica_outage = ConditionLog("the read replica", every=60.0)
 
     def replica_pool_statistics(self) -> dict[str, int]:
         return self._replica.pool_statistics()
@@ -1432,22 +1436,37 @@ class RoutedPgStore(PgStore):
         state.reads["primary"] += 1
         return await method(self, *args[1:], **kwargs)
 
-    def _replica_down(self, exc: BaseException) -> None:
+    def _replica_down(self, exc: BaseException | str) -> None:
         state = self.replica_state
-        if trio.current_time() >= state.down_until:
-            log.warning(
-                "the read replica cannot be reached (%s); reads go to the primary, retried in"
-                " %.0f s",
-                exc,
-                RETRY_SECONDS,
-            )
-        state.down_until = trio.current_time() + RETRY_SECONDS
+        now = trio.current_time()
+        condition = exc if isinstance(exc, str) else "cannot be reached"
+        line = self._replica_outage.failed(condition, now)
+        if line is not None:
+            if self._replica_outage.failures == 1:
+                what = "" if isinstance(exc, str) else f" ({exc})"
+                log.warning(
+                    "the read replica %s%s; reads go to the primary, retried in %.0f s",
+                    condition,
+                    what,
+                    RETRY_SECONDS,
+                )
+            else:
+                log.warning("%s", line)
+        state.down_until = now + RETRY_SECONDS
         state.replayed = -1
 
     async def refresh_replica(self) -> None:
-        """Read how far the replica has replayed the log (its `log_head` row)."""
+        """Read how far the replica has replayed the log (its `log_head` row), and every
+        PRIMARY_HEAD_SECONDS how far the primary has."""
         state = self.replica_state
-        if trio.current_time() < state.down_until:
+        now = trio.current_time()
+        if now - state.primary_read_at >= PRIMARY_HEAD_SECONDS:
+            try:
+                state.primary = await PgStore.log_head(self)
+                state.primary_read_at = now
+            except Unavailable:
+                pass  # the primary's own faults show elsewhere (health, the actors)
+        if now < state.down_until:
             return
         try:
             with trio.fail_after(REPLICA_DEADLINE_SECONDS):
@@ -1455,9 +1474,15 @@ class RoutedPgStore(PgStore):
         except (Unavailable, asyncpg.PostgresError, trio.TooSlowError) as exc:
             self._replica_down(exc)
             return
-        if state.replayed < 0:
+        known = state.replayed >= 0
+        if not state.replayed_to(replayed, now):
+            self._replica_down("has stopped replaying the log")
+            return
+        if not known:
             log.info("the read replica has replayed the log to %d", replayed)
-        state.replayed = replayed
+            line = self._replica_outage.succeeded(now)
+            if line is not None:
+                log.info("%s", line)
 
     # What this process wrote, a replica must have before it answers; and where the log
     # actor starts (its caches are dropped from there on), too.

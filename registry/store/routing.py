@@ -23,6 +23,10 @@ Otherwise the read goes to the primary, which has every committed change. A repl
 conflict) is skipped for the call and the rest of the request, and one that cannot be reached
 or does not answer is left alone for `RETRY_SECONDS`; reads then fall back to the primary.
 `seen` starts at the primary's log head when the process starts (where its log actor starts).
+Beside the replica's head, the primary's is read every `PRIMARY_HEAD_SECONDS`: a process that
+only reads has no other news of the log, and without it neither its lag nor a replica that
+stopped replaying would show. A replica whose head has not moved for `STALL_SECONDS` while the
+primary is ahead is treated as one that cannot be reached.
 """
 
 from __future__ import annotations
@@ -41,6 +45,12 @@ RETRY_SECONDS = 5.0  # how long an unreachable replica is left alone before it i
 # left alone a while: a replica that hangs must not hold GETs for the statement timeout (30 s).
 REPLICA_DEADLINE_SECONDS = 2.0
 MAX_FLOOR = 2**63 - 1
+# How often the primary's log head is read beside the replica's (one key lookup): what a process
+# that only reads knows of the log, so its lag shows and a replica that stopped is noticed.
+PRIMARY_HEAD_SECONDS = 1.0
+# A replica whose replayed head has not moved for this long while the primary is ahead has
+# stopped replaying (replication broken, replay paused): it is treated as down, not read from.
+STALL_SECONDS = 10.0
 
 
 @dataclass
@@ -49,6 +59,10 @@ class ReplicaState:
 
     replayed: int = -1  # the replica's replayed log head when last read (-1: not yet known)
     seen: int = 0  # the highest sequence this process wrote or read from the log
+    primary: int = 0  # the primary's log head when last read (every PRIMARY_HEAD_SECONDS)
+    primary_read_at: float = float("-inf")  # trio.current_time() of that read
+    last_replayed: int = -1  # the replica's head when last read, kept while it is down
+    moved_at: float = 0.0  # when that head last moved, or last was the primary's
     down_until: float = 0.0  # trio.current_time() before which the replica is not tried
     reads: Counter[str] = field(default_factory=Counter)  # reads answered, by "replica"/"primary"
     failures: int = 0  # replica reads that failed and were answered by the primary
@@ -66,10 +80,21 @@ class ReplicaState:
             and self.replayed >= max(self.seen, floor)
         )
 
+    def replayed_to(self, replayed: int, now: float) -> bool:
+        """The replica's replayed head read at `now`; False when it has stopped replaying: it
+        has not moved for STALL_SECONDS while the primary (or this process) is ahead of it."""
+        ahead = max(self.seen, self.primary)
+        if replayed != self.last_replayed or replayed >= ahead:
+            self.moved_at = now
+        self.last_replayed = self.replayed = replayed
+        return replayed >= ahead or now - self.moved_at < STALL_SECONDS
+
     @property
     def lag(self) -> int:
-        """Records this process has seen that the replica had not replayed when last asked."""
-        return max(0, self.seen - self.replayed) if self.replayed >= 0 else self.seen
+        """Records of the log (as this process saw it, and as the primary held it when last
+        asked) that the replica had not replayed when last asked."""
+        ahead = max(self.seen, self.primary)
+        return max(0, ahead - self.replayed) if self.replayed >= 0 else ahead
 
 
 def parse_floor(value: str) -> int:

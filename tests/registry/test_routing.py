@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from registry.config import Config
-from registry.store.routing import MAX_FLOOR, ReplicaState, parse_floor
+from registry.store.routing import MAX_FLOOR, STALL_SECONDS, ReplicaState, parse_floor
 
 
 def test_a_read_that_must_not_lag_never_goes_to_the_replica() -> None:
@@ -34,6 +34,31 @@ def test_an_unreachable_replica_is_left_alone_until_its_retry_time() -> None:
     state = ReplicaState(replayed=10, seen=10, down_until=5.0)
     assert not state.serves(0, now=4.9)
     assert state.serves(0, now=5.0)
+
+
+def test_the_lag_counts_what_the_primary_holds_too() -> None:
+    """A process that only reads learns of the log from the primary's head (read every
+    PRIMARY_HEAD_SECONDS): the replica's lag shows though this process saw nothing."""
+    state = ReplicaState()
+    assert state.replayed_to(0, now=0.0)
+    state.primary = 20
+    assert state.lag == 20
+    state.saw(25)
+    assert state.lag == 25
+
+
+def test_a_replica_that_stopped_replaying_is_told_after_the_stall_window() -> None:
+    state = ReplicaState()
+    state.primary = 5
+    assert state.replayed_to(3, now=0.0)  # behind, but it just moved
+    assert state.replayed_to(3, now=STALL_SECONDS - 0.1)
+    assert not state.replayed_to(3, now=STALL_SECONDS)  # stopped: treated as down
+    state.replayed = -1  # what the store does when it is down
+    assert not state.replayed_to(3, now=STALL_SECONDS + 5)  # back, still stopped: at once
+    assert state.replayed_to(4, now=STALL_SECONDS + 10)  # it moves again
+    state.primary = 4
+    assert state.replayed_to(4, now=3 * STALL_SECONDS)  # caught up: an idle log is no stall
+    assert state.replayed_to(4, now=10 * STALL_SECONDS)
 
 
 @pytest.mark.parametrize("value", ["0", "7", str(MAX_FLOOR)])
