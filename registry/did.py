@@ -88,9 +88,10 @@ def controller_of(key_id: str) -> str:
 
 
 def public_key_from_key_id(key_id: str) -> bytes:
-    """The key a key id names. The fragment must be the DID's own multibase key."""
-    did, sep, fragment = key_id.partition("#")
+    """The key a key id names: `did:key:z…#z…`, the fragment the DID's own multibase key
+    (design §3); a bare DID is not a key id."""
+    did, _, fragment = key_id.partition("#")
     key = public_key_from_did_key(did)
-    if sep and fragment != did[len("did:key:") :]:
-        raise ValueError("key id fragment does not name the DID's key")
+    if fragment != did[len("did:key:") :]:
+        raise ValueError("a key id is did:key:z…#z…, its fragment the DID's own key")
     return key

@@ -182,7 +182,7 @@ def stored_form(
     pieces = dict(members) if members is not None else canonical.canonical_members(doc)
     for name in MANAGED_FIELDS:
         pieces.pop(name, None)
-    if "created" not in doc["signature"]:
+    if doc["signature"].get("created") is None:  # absent, or null: not signed, filled in
         signature = {**doc["signature"], "created": signature_created}
         pieces["signature"] = canonical.canonicalize(signature).decode("utf-8")
     pieces["anchorState"] = canonical.canonicalize(anchor_state).decode("utf-8")

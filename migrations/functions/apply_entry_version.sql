@@ -43,6 +43,13 @@ BEGIN
             'code', 'entry_not_found', 'message', 'entry not found',
             'details', jsonb_build_object('entryDid', p_did));
         RETURN;
+    ELSIF v_expected IS NOT NULL AND v_head <> v_expected AND v_lifecycle = 'deleted' THEN
+        -- A delete has no precondition (docs/api.md): the entry moved since it was decided,
+        -- so it is decided again on the new head (deleted meanwhile: 404 then).
+        RETURN QUERY SELECT NULL::text, jsonb_build_object('kind', 'Retry',
+            'code', 'entry_changed', 'message', 'the entry changed meanwhile',
+            'details', jsonb_build_object('entryDid', p_did));
+        RETURN;
     ELSIF v_expected IS NOT NULL AND v_head <> v_expected THEN
         RETURN QUERY SELECT NULL::text, jsonb_build_object('kind', 'Conflict',
             'code', 'sequence_conflict',

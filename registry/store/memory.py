@@ -283,6 +283,10 @@ def _apply_entry_version(
     if expected is not None and entry is None:
         return None, Refusal("NotFound", "entry_not_found", "entry not found", {"entryDid": did})
     if entry is not None and entry.head_seq != expected:
+        if _text(rows, "lifecycle") == "deleted":  # a delete has no precondition: decide again
+            return None, Refusal(
+                RETRY, "entry_changed", "the entry changed meanwhile", {"entryDid": did}
+            )
         return None, Refusal(
             "Conflict",
             "sequence_conflict",

@@ -993,3 +993,79 @@ async def test_the_widest_valid_entry_is_stored_and_a_longer_did_is_400(harness:
         "/v1/entries", json=signed_entry(key), headers=bearer(token, **idem())
     )
     assert r.status_code == 201, await r.get_data()
+
+
+def _interleave_before(harness: Harness, kind: str, run: Any) -> None:
+    """Run `run()` once, after the use-case decided a change of `kind` and before it is
+    appended: what another request committing in between does."""
+    changes = harness.service.deps.entries.changes
+    original = changes._append
+    state = {"done": False}
+
+    async def append(change: Any, key: Any) -> Any:
+        if change.kind == kind and not state["done"]:
+            state["done"] = True
+            await run()
+        return await original(change, key)
+
+    changes._append = append  # type: ignore[method-assign]
+
+
+async def test_a_delete_that_races_an_update_still_deletes(harness: Harness) -> None:
+    """A delete has no sequence precondition: an update committed between its decision and its
+    append makes it decide again (it was a recorded 409 sequence_conflict: its key answered
+    that for 24 h, so a retry never deleted)."""
+    key = SigningKey.generate()
+    token = await sign_in(harness.client, key)
+    first = await create(harness, key, token)
+    did = first["entryDid"]
+
+    async def concurrent_update() -> None:
+        await updated(harness, key, token, did, first["sequence"])
+
+    _interleave_before(harness, "entry.deleted", concurrent_update)
+    headers = bearer(token, **idem())
+    r = await harness.client.delete(f"/v1/entries/{did}", headers=headers)
+    assert r.status_code == 200, await r.get_data()
+    tombstone = await r.get_json()
+    assert tombstone["lifecycleStatus"] == "deleted"
+    r = await harness.client.delete(f"/v1/entries/{did}", headers=headers)  # the same key
+    assert (r.status_code, await r.get_json()) == (200, tombstone)
+    await error_of(await harness.client.get(f"/v1/entries/{did}"), 404, "entry_not_found")
+
+
+async def test_the_delete_that_loses_a_race_with_another_is_404(harness: Harness) -> None:
+    key = SigningKey.generate()
+    token = await sign_in(harness.client, key)
+    did = (await create(harness, key, token))["entryDid"]
+
+    async def concurrent_delete() -> None:
+        r = await harness.client.delete(f"/v1/entries/{did}", headers=bearer(token, **idem()))
+        assert r.status_code == 200, await r.get_data()
+
+    _interleave_before(harness, "entry.deleted", concurrent_delete)
+    r = await harness.client.delete(f"/v1/entries/{did}", headers=bearer(token, **idem()))
+    await error_of(r, 404, "entry_not_found")
+
+
+async def test_a_key_id_without_its_fragment_is_refused(harness: Harness) -> None:
+    """design §3: a key id is `did:key:z…#z…`; a bare DID was accepted and served."""
+    key = SigningKey.generate()
+    token = await sign_in(harness.client, key)
+    entry = sign_entry(entry_template(), key)
+    entry["signature"]["keyId"] = key.did  # keyId is outside the signed payload
+    r = await harness.client.post("/v1/entries", json=entry, headers=bearer(token, **idem()))
+    await error_of(r, 400, "signature_key_invalid")
+
+
+async def test_a_null_signature_created_is_filled_in(harness: Harness) -> None:
+    """`created` is not signed and optional: null is taken as absent and filled in (it was
+    served as null, where spec 2.1 types it a string)."""
+    key = SigningKey.generate()
+    token = await sign_in(harness.client, key)
+    entry = sign_entry(entry_template(), key)
+    entry["signature"]["created"] = None
+    r = await harness.client.post("/v1/entries", json=entry, headers=bearer(token, **idem()))
+    assert r.status_code == 201, await r.get_data()
+    served = await r.get_json()
+    assert served["signature"]["created"] == served["updatedAt"], served["signature"]

@@ -217,6 +217,9 @@ def test_key_id_fragment_must_name_the_dids_own_key() -> None:
         public_key_from_key_id(f"{first}#{second.removeprefix('did:key:')}")
     with pytest.raises(ValueError, match="fragment"):
         public_key_from_key_id(f"{first}#key-1")
+    for bare in (first, f"{first}#"):  # a DID is not a key id (design §3: did:key:z…#z…)
+        with pytest.raises(ValueError, match="fragment"):
+            public_key_from_key_id(bare)
 
 
 # --- DID Core syntax ----------------------------------------------------------------------------
