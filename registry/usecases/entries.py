@@ -175,7 +175,7 @@ class Entries:
                     code="sequence_required",
                     details={"field": "sequence"},
                 )
-            head = await self.local_head(did)
+            head = await self.local_head(did, deleted=entry.lifecycle)
             _check_publisher(principal, entry.publisher)
             if head.publisher_did != principal.did:
                 raise Forbidden(
@@ -376,12 +376,18 @@ class Entries:
                 details={"entryDid": did, "origin": found.origin_did},
             )
 
-    async def local_head(self, did: str) -> EntryHead:
+    async def local_head(self, did: str, *, deleted: str | None = None) -> EntryHead:
         """`live_head`, where a write must name the local entry: a replica's DID answers 409
-        with its origin rather than 404."""
+        with its origin rather than 404. With `deleted` (the lifecycle an update moves to), a
+        deleted entry is a lifecycle move the table does not allow (design §4: updating a
+        deleted entry is 409 lifecycle_conflict), not 404."""
         try:
             return await self.live_head(did)
         except NotFound:
+            if deleted is not None:
+                gone = await self.store.get_entry_head(did)
+                if gone is not None:  # deleted (live_head answers every other head)
+                    entry_rules.check_move(gone.lifecycle, deleted)
             await self._refuse_replica(did)
             raise
 

@@ -868,10 +868,11 @@ async def test_delete_writes_a_tombstone_and_hides_the_entry(harness: Harness) -
         r = await client.get(path)
         await error_of(r, 404, "entry_not_found")
 
-    r = await update(harness, key, token, did, first["sequence"])
-    await error_of(r, 404, "entry_not_found")
-    r = await update(harness, key, token, did, tombstone["sequence"])
-    await error_of(r, 404, "entry_not_found")
+    # design §4: "Updating a revoked or deleted entry → 409 lifecycle_conflict".
+    for based_on in (first["sequence"], tombstone["sequence"]):
+        r = await update(harness, key, token, did, based_on)
+        error = await error_of(r, 409, "lifecycle_conflict")
+        assert error["details"]["from"] == "deleted", error
 
     r = await harness.client.delete(f"/v1/entries/{did}", headers=bearer(token, **idem()))
     await error_of(r, 404, "entry_not_found")
