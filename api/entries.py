@@ -41,18 +41,29 @@ def _matches(if_none_match: str | None, etag: str) -> bool:
     return "*" in tags or etag in tags
 
 
-def int_param(name: str, *, code: str | None = None) -> int | None:
-    """An integer query parameter, within ±(2^53−1) like every number the API reads; refused
-    with `code` (default `invalid_<name>`), the code its range checks use too."""
+# A decimal integer, a whole number also written with a zero fraction (`2.0`); at most int64's
+# 19 digits, so that no long text is converted.
+_INTEGER = re.compile(r"(-?[0-9]{1,19})(?:\.0+)?")
+INT64_MAX = 2**63 - 1
+
+
+def int_param(name: str, *, code: str | None = None, most: int = MAX_SAFE_INTEGER) -> int | None:
+    """An integer query parameter, within ±`most` (±(2^53−1) like every number the API reads);
+    refused with `code` (default `invalid_<name>`), the code its range checks use too."""
     raw = request.args.get(name)
     if raw is None:
         return None
-    if not re.fullmatch(r"-?[0-9]{1,16}", raw) or abs(int(raw)) > MAX_SAFE_INTEGER:
-        raise Invalid(
-            f"{name} must be an integer within ±{MAX_SAFE_INTEGER}",
-            code=code or f"invalid_{name}",
-        )
-    return int(raw)
+    match = _INTEGER.fullmatch(raw)
+    if match is None or abs(int(match[1])) > most:
+        raise Invalid(f"{name} must be an integer within ±{most}", code=code or f"invalid_{name}")
+    return int(match[1])
+
+
+def limit_param() -> int | None:
+    """A page's `limit` (spec 4.1: int64, minimum 1; above the maximum page size it is clamped):
+    any int64 is taken, and above 2^53−1 it asks for the same page as 2^53−1."""
+    limit = int_param("limit", most=INT64_MAX)
+    return None if limit is None else min(limit, MAX_SAFE_INTEGER)
 
 
 def version_sequence(sequence: str) -> int:
@@ -181,7 +192,7 @@ def register(app: QuartTrio) -> None:
     )
     async def list_entry_versions(ctx: Ctx, did: str) -> Response:
         docs, cursor, has_more, total, origin = await deps().entries.read_versions(
-            did, limit=int_param("limit"), cursor=request.args.get("cursor")
+            did, limit=limit_param(), cursor=request.args.get("cursor")
         )
         head = '{"entryDid":' + dumps(did) + ',"versions":[' + ",".join(docs) + "]"
         tail = f',"hasMore":{"true" if has_more else "false"},"totalCount":{total}'

@@ -255,12 +255,14 @@ IDEMPOTENCY = {
     "schema": {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[!-~]+$"},
 }
 AUTH: list[dict[str, list[str]]] = [{"bearer": []}, {"cookie": []}]
-# `api.entries.int_param` and `page_size`: at least 1, above the maximum page size clamped.
+# `api.entries.limit_param` and `page_size`: at least 1, any int64 (spec 4.1), above the maximum
+# page size clamped. int64 is said by its format: the document, served as I-JSON, can hold no
+# number beyond 2^53−1.
 LIMIT = {
     "name": "limit",
     "in": "query",
-    "description": "page size; above the maximum page size it is clamped",
-    "schema": {"type": "integer", "minimum": 1, "maximum": MAX_SAFE_INTEGER},
+    "description": "page size (an int64); above the maximum page size it is clamped",
+    "schema": {"type": "integer", "format": "int64", "minimum": 1},
 }
 SEQUENCE_CURSOR = {
     "name": "cursor",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from quart import Response, request
 from quart_trio import QuartTrio
 
-from api.entries import int_param
+from api.entries import limit_param
 from api.http import Ctx, deps, endpoint, json_response
 from api.idempotency import idem_key, respond
 from api.openapi import PAGE, documented, ok
@@ -72,7 +72,7 @@ def register(app: QuartTrio) -> None:
     )
     async def list_entry_attestations(ctx: Ctx, did: str) -> Response:
         body = await deps().attestations.list_for(
-            did, limit=int_param("limit"), cursor=request.args.get("cursor")
+            did, limit=limit_param(), cursor=request.args.get("cursor")
         )
         return json_response(body)
 
@@ -117,7 +117,7 @@ def register(app: QuartTrio) -> None:
         body = await deps().reports.list(
             ctx.principal,
             status=request.args.get("status"),
-            limit=int_param("limit"),
+            limit=limit_param(),
             cursor=request.args.get("cursor"),
         )
         return json_response(body)

@@ -400,6 +400,8 @@ async def test_a_limit_below_one_or_not_an_integer_is_400(held: Held) -> None:
         await error_of(r, 400, "invalid_limit")
     r = await client.get(f"/v1/anchors/{did}?limit=ten")
     await error_of(r, 400, "invalid_limit")
+    r = await client.get(f"/v1/anchors/{did}?limit={2**63 - 1}")  # int64: clamped (spec 4.3)
+    assert r.status_code == 200, await r.get_data()
 
 
 async def test_cursors_not_issued_for_this_entry_are_400(held: Held) -> None:

@@ -1070,3 +1070,25 @@ async def test_a_null_signature_created_is_filled_in(harness: Harness) -> None:
     assert r.status_code == 201, await r.get_data()
     served = await r.get_json()
     assert served["signature"]["created"] == served["updatedAt"], served["signature"]
+
+
+@pytest.mark.parametrize(
+    ("limit", "size"),
+    [("9007199254740992", 3), ("9223372036854775807", 3), ("2.0", 2), ("1.000", 1)],
+)
+async def test_any_int64_limit_is_clamped_and_a_whole_number_may_have_a_zero_fraction(
+    harness: Harness, limit: str, size: int
+) -> None:
+    """Spec 4.1: `limit` is an int64, clamped above the maximum page size (one beyond 2^53−1
+    was 400); docs/api.md: `2.0` is the integer 2."""
+    did, _ = await _entry_with_versions(harness, 3)
+    r = await harness.client.get(f"/v1/entries/{did}/versions?limit={limit}")
+    assert r.status_code == 200, await r.get_data()
+    assert len((await r.get_json())["versions"]) == size
+
+
+@pytest.mark.parametrize("limit", ["9223372036854775808", "1" * 40, "1.5", "2.", ".0"])
+async def test_a_limit_beyond_int64_or_not_whole_is_400(harness: Harness, limit: str) -> None:
+    did, _ = await _entry_with_versions(harness, 1)
+    r = await harness.client.get(f"/v1/entries/{did}/versions?limit={limit}")
+    await error_of(r, 400, "invalid_limit")
