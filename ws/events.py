@@ -131,11 +131,12 @@ class Connection:
     _nursery: trio.Nursery | None = None
     _closed: bool = False
     _send_since: float | None = None  # when the send in progress began
-    # Events handed over by the sink on the ordinary path (`TextWriter`), each with the
+    # Messages handed over by the sink on the ordinary path (`TextWriter`), each with the
     # position it completes (None: a position only, for records filtered out behind queued
-    # events): sent before any other message, `position` moving as each goes out.
-    outbox: deque[tuple[str | None, int | None]] = field(default_factory=deque)
-    waiting: int = 0  # messages in the outbox not yet being sent (what the queue bound counts)
+    # events) and the events it carries (more than one in batch mode): sent before any other
+    # message, `position` moving as each goes out.
+    outbox: deque[tuple[str | None, int | None, int]] = field(default_factory=deque)
+    waiting: int = 0  # events in the outbox not yet being sent (what the queue bound counts)
     _budget: Bucket | None = None  # the client's messages (`messages_per_minute`)
     client: str = ""  # the client's address, for its per-address budgets
 
@@ -181,13 +182,13 @@ class Connection:
     async def _send_outbox(self) -> None:
         outbox = self.outbox
         while outbox:
-            text, upto = outbox[0]  # taken off once sent: a cancelled send keeps its place
+            text, upto, events = outbox[0]  # taken off once sent: a cancelled send keeps it
             if text is not None:
-                self.waiting -= 1  # on its way: no longer counted against the queue bound
+                self.waiting -= events  # on their way: no longer counted against the bound
                 try:
                     await self.sock.send(text)
                 except BaseException:
-                    self.waiting += 1
+                    self.waiting += events
                     raise
                 self.deps.messages_sent += 1
             outbox.popleft()
@@ -339,8 +340,8 @@ class Connection:
         # From here the position is the new subscription's (what an unsubscribe or a close
         # reports, even before its forwarder runs). The events the old one handed over and not
         # yet sent still go out first, but no longer move it.
-        for i, (text, _) in enumerate(self.outbox):
-            self.outbox[i] = (text, None)
+        for i, (text, _, events) in enumerate(self.outbox):
+            self.outbox[i] = (text, None, events)
         self.position = after
         self._forwarder = trio.CancelScope()
         self._forwarder_done = trio.Event()
@@ -615,16 +616,23 @@ class TextWriter:
         self, rendered: list[str], count: int, at: float, upto: int, *, bounded: bool
     ) -> Delivery:
         queue, connection = self.queue, self.connection
-        if bounded and connection.waiting + len(rendered) > self.limit:
+        # The bound counts events, as the fast path's does, not messages: in batch mode a
+        # message carries up to MAX_BATCH of them.
+        if bounded and connection.waiting + count > self.limit:
             return "slow"  # nothing of it handed over
         if not count and not queue:
             connection.position = upto  # nothing waits: filtered out, done
             return "ok"
-        connection.waiting += len(rendered)
-        # The batch's last entry completes `upto`; the ones before it move nothing (no message
-        # reports a position while events wait in the outbox).
-        queue.extend((text, None) for text in rendered[:-1])
-        queue.append((rendered[-1] if count else None, upto))
+        connection.waiting += count
+        # One event a message, or (batch mode, `EventSink._frames`) full frames of MAX_BATCH
+        # and then the rest. The batch's last entry completes `upto`; the ones before it move
+        # nothing (no message reports a position while events wait in the outbox).
+        size = 1 if len(rendered) == count else MAX_BATCH
+        queue.extend((text, None, size) for text in rendered[:-1])
+        if count:
+            queue.append((rendered[-1], upto, count - size * (len(rendered) - 1)))
+        else:
+            queue.append((None, upto, 0))
         return "ok"
 
     def busy(self) -> bool:

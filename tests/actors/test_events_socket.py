@@ -60,6 +60,11 @@ async def fill(store: MemoryStore, count: int) -> int:
     return await store.log_head()
 
 
+async def append_transaction(store: MemoryStore, count: int) -> None:
+    """One transaction of `count` new entries (one read of the log carries them all)."""
+    await store.append([(version("entry.created", new_did(), None), None) for _ in range(count)])
+
+
 # --- the fake socket and the connection under test -------------------------------------------
 
 
@@ -752,6 +757,35 @@ async def test_batch_mode_sends_what_is_queued_in_one_frame_and_loses_nothing(
         assert [e["sequence"] for e in single["events"]] == [6]
         await client.sock.put({"type": "unsubscribe"})
         assert (await client.sock.get()) == {"type": "unsubscribed", "lastSequence": 6}
+
+
+async def test_batch_mode_bounds_the_events_waiting_not_the_frames(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """`queue_size` counts events whatever the framing: in batch mode a frame carries up to 256
+    of them, and a stalled reader may not hold more than `queue_size` events waiting (the
+    ordinary path counted frames, so it could hold 256 times as many)."""
+    async with open_events(queue_size=300) as events:
+        client = events.connect()
+        await client.subscribe(batch=True)
+        client.sock.stall()
+        await fill(events.store, 1)  # 1 is on its way to a client that reads nothing
+        await trio.testing.wait_all_tasks_blocked()
+        await append_transaction(events.store, 300)  # 2-301: two frames, of 256 and 44
+        await trio.testing.wait_all_tasks_blocked()
+        assert client.connection.waiting == 300
+        assert events.logs.statistics().dropped_slow == 0
+        await fill(events.store, 1)  # 302: one event more than the queue holds
+        await trio.testing.wait_all_tasks_blocked()
+        assert events.logs.statistics().dropped_slow == 1
+        client.sock.resume()
+        frames = [await client.sock.get() for _ in range(3)]
+        assert [len(frame["events"]) for frame in frames] == [1, 256, 44]
+        await trio.testing.wait_all_tasks_blocked()
+        assert client.connection.waiting == 0
+        assert client.sock.close_frame is not None
+        assert client.sock.close_frame[0] == 4429
+        assert reason(client) == {"code": "slow_consumer", "lastSequence": 301}
 
 
 async def test_a_flood_of_client_messages_is_closed_with_4429(
