@@ -5,7 +5,7 @@ from __future__ import annotations
 from quart import Response, has_request_context, request, websocket
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
-from werkzeug.routing import Map, UnicodeConverter
+from werkzeug.routing import Map, UnicodeConverter, WebsocketMismatch
 
 from api import (
     anchors,
@@ -117,7 +117,9 @@ def create_app(dependencies: Deps) -> QuartTrio:
         path = request.path if has_request_context() else websocket.path
         method = request.method if has_request_context() else "GET"
         mapped: RegistryError
-        if exc.code == 404:
+        # A WebSocket handshake on a path that only HTTP serves (`/v1/health`) is werkzeug's
+        # 400 `WebsocketMismatch`: for the handshake, that path has no route, as any other.
+        if exc.code == 404 or (isinstance(exc, WebsocketMismatch) and not has_request_context()):
             mapped = NotFound(f"no route for {path}", code="route_not_found")
         elif exc.code == 405:
             mapped = MethodNotAllowed(f"{method} is not allowed on {path}")

@@ -315,14 +315,17 @@ async def test_an_invalid_subscription_is_refused_and_the_socket_stays_open(
         await subscribe(ws)  # still usable
 
 
-async def test_an_unknown_websocket_path_is_a_clean_404(
-    harness: Harness, caplog: pytest.LogCaptureFixture
+@pytest.mark.parametrize("path", ["/v1/nowhere", "/v1/health", "/console/", "/v1/openapi.json"])
+async def test_a_websocket_handshake_on_any_other_path_is_a_clean_404(
+    harness: Harness, caplog: pytest.LogCaptureFixture, path: str
 ) -> None:
+    """docs/events.md: any path but `/v1/events` answers the handshake with 404
+    `route_not_found`, a path that HTTP serves too (it was 400 `bad_request` there)."""
     caplog.set_level(logging.WARNING)
     with pytest.RaisesGroup(
         WebsocketResponseError, allow_unwrapped=True, flatten_subgroups=True
     ) as refused:
-        async with harness.client.websocket("/v1/nowhere") as ws:
+        async with harness.client.websocket(path) as ws:
             await ws.receive()
     (error,) = (
         refused.value.exceptions
