@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 from quart import Response, has_request_context, request, websocket
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
-from werkzeug.routing import Map, UnicodeConverter, WebsocketMismatch
+from werkzeug.routing import Map, RequestRedirect, UnicodeConverter, WebsocketMismatch
 
 from api import (
     anchors,
@@ -62,6 +64,20 @@ def route_table() -> QuartTrio:
     return app
 
 
+def _moved(redirect: RequestRedirect) -> Response:
+    """The framework's redirect to a path's canonical form (`/console` to `/console/`, `//`
+    to `/`) as an answer of ours: a request id like every answer, no body, and a Location
+    that is a path, where werkzeug's is an absolute URL built from the client's Host header
+    (and Quart sends it with an HTML body, past every error handler)."""
+    target = urlsplit(redirect.new_url)
+    location = target.path + (f"?{target.query}" if target.query else "")
+    return Response(
+        b"",
+        status=redirect.code,
+        headers={"Location": location, "X-Request-Id": new_request_id()},
+    )
+
+
 def create_app(dependencies: Deps) -> QuartTrio:
     app = _new_app()
     limits = dependencies.config.limits
@@ -91,7 +107,7 @@ def create_app(dependencies: Deps) -> QuartTrio:
             )
 
     @app.before_request
-    async def before_every_request() -> None:
+    async def before_every_request() -> Response | None:
         scope = current_scope()
         assert scope is not None
         note_start(scope)
@@ -99,6 +115,8 @@ def create_app(dependencies: Deps) -> QuartTrio:
             raise NotFound(
                 f"no route for {request.path} on the metrics listener", code="route_not_found"
             )
+        if isinstance(request.routing_exception, RequestRedirect):
+            return _moved(request.routing_exception)
         # A GET may be answered by the read replica once it has replayed the client's floor
         # (registry/store/routing.py); any other method's reads decide a write: the primary.
         # Set on every request, as a connection's requests may share a task.
@@ -109,6 +127,7 @@ def create_app(dependencies: Deps) -> QuartTrio:
                 READ_FLOOR.set(0 if value is None else parse_floor(value.strip()))
             except ValueError as exc:
                 raise Invalid(str(exc), code="invalid_min_sequence") from None
+        return None
 
     @app.errorhandler(HTTPException)
     async def http_error(exc: HTTPException) -> Response:

@@ -315,7 +315,9 @@ async def test_an_invalid_subscription_is_refused_and_the_socket_stays_open(
         await subscribe(ws)  # still usable
 
 
-@pytest.mark.parametrize("path", ["/v1/nowhere", "/v1/health", "/console/", "/v1/openapi.json"])
+@pytest.mark.parametrize(
+    "path", ["/v1/nowhere", "/v1/health", "/console/", "/console", "/v1/openapi.json"]
+)
 async def test_a_websocket_handshake_on_any_other_path_is_a_clean_404(
     harness: Harness, caplog: pytest.LogCaptureFixture, path: str
 ) -> None:

@@ -238,6 +238,24 @@ async def test_a_nul_in_a_path_names_nothing_404(harness: Harness, path: str) ->
     await error_of(r, 404, "route_not_found")
 
 
+@pytest.mark.parametrize(
+    ("path", "location"),
+    [("/console", "/console/"), ("/v1//health?deep=0", "/v1/health?deep=0")],
+)
+async def test_a_redirect_to_a_paths_canonical_form_is_an_answer_of_ours(
+    harness: Harness, path: str, location: str
+) -> None:
+    """`GET /console` (what an operator types) and a doubled slash are redirected to the path
+    the route has, like every answer with `X-Request-Id`, with no body and a Location that is
+    a path (werkzeug's redirect had an HTML body, no request id, and an absolute URL built
+    from the client's `Host` header)."""
+    r = await _fresh_client(harness).get(path, headers={"Host": "attacker.example"})
+    assert r.status_code == 308
+    assert r.headers["Location"] == location
+    assert r.headers["X-Request-Id"]
+    assert await r.get_data() == b""
+
+
 async def test_janitor_purges_only_what_expired(database_url: str) -> None:
     async with trio_asyncio.open_loop(), open_pg_store(database_url) as store:
         execute = trio_asyncio.aio_as_trio(store._pool.execute)
