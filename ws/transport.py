@@ -24,7 +24,10 @@ the one place that sees every byte of it, whatever Hypercorn or the app does:
   the upgrade, the client's WebSocket frame headers are parsed as they arrive: a message whose
   declared size passes `max_ws_message`, a message of more than `max_fragments` frames, or a
   flood of control frames, is refused with a close frame (1009, 1008)
-  before any of its payload is buffered.
+  before any of its payload is buffered. A frame RFC 6455 does not allow (1002), or a text
+  message or close reason that is not UTF-8 (1007), is refused with a close frame too, where
+  Hypercorn would drop the connection without one; for that, the payload of text messages and
+  close frames is unmasked and decoded as it passes (nothing of it is kept).
 - Writing: a write the client takes nothing of for `send_timeout` cuts the connection, whoever
   writes (a response to a client that never reads, the pongs of a ping flood).
 - Closing never waits: Hypercorn closes a `Connection: close` connection from the app's task,
@@ -47,6 +50,7 @@ and the connection as a whole lasts at most one request's time.
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import logging
 import math
@@ -197,8 +201,12 @@ class _FrameRefused(Exception):
 
 class ClientFrames:
     """The client's side of a WebSocket connection, read as it arrives (sans-IO): frame
-    headers parsed, payload only counted. `feed` raises `_FrameRefused` for a message whose
-    declared size passes the limit (before its payload is read) or a control-frame flood."""
+    headers parsed, payload counted, and looked at only where RFC 6455 puts a rule on it.
+    `feed` raises `_FrameRefused` for a message whose declared size passes the limit (before
+    its payload is read), a control-frame flood, a frame RFC 6455 does not allow (1002), or a
+    text message or close reason that is not UTF-8 (1007). Hypercorn's WebSocket parser
+    (wsproto) refuses the same frames, but Hypercorn then closes the connection without a
+    close frame: refused here first, the client gets one, with the reason."""
 
     def __init__(self, limits: ConnectionLimits) -> None:
         self._limits = limits
@@ -206,7 +214,16 @@ class ClientFrames:
         self._left = 0  # payload bytes of the current frame still to come
         self._message = 0  # payload bytes of the current data message so far
         self._fragments = 0  # frames of the current data message so far
+        self._opcode = 0  # the data message under way (0x1 text, 0x2 binary; 0: none)
         self._control: Bucket | None = None
+        # The current frame, where its payload is looked at (`_payload`): text (0x1) or close
+        # (0x8; 0: not looked at), final or not, its size and its masking key.
+        self._inspect = 0
+        self._final = False
+        self._size = 0
+        self._mask = b""
+        self._decoder: codecs.IncrementalDecoder | None = None  # a text message in pieces
+        self._close = bytearray()  # a close frame's payload so far (at most 125 bytes)
 
     def feed(self, data: bytes | bytearray, now: float) -> None:
         i, n = 0, len(data)
@@ -215,6 +232,8 @@ class ClientFrames:
                 taken = min(self._left, n - i)
                 self._left -= taken
                 i += taken
+                if self._inspect:
+                    self._payload(data[i - taken : i])
                 continue
             head = self._head
             need = 2
@@ -242,15 +261,37 @@ class ClientFrames:
         opcode, final = head[0] & 0x0F, head[0] & 0x80
         if head[0] & 0x70:  # RSV1-3: no extension is ever agreed (refuse_websocket_extensions)
             raise _FrameRefused(1002, "reserved bits set: no extension was negotiated")
-        if opcode & 0x08:  # close, ping, pong: at most 125 bytes (wsproto checks the rest)
+        # RFC 6455 §5.1-5.5, as wsproto checks them: a frame Hypercorn would end the
+        # connection for, without a close frame.
+        if opcode not in (0x0, 0x1, 0x2, 0x8, 0x9, 0xA):
+            raise _FrameRefused(1002, f"reserved opcode {opcode:#x}")
+        if not head[1] & 0x80:
+            raise _FrameRefused(1002, "a client frame must be masked")
+        if (code == 126 and size < 126) or (code == 127 and not 1 << 16 <= size < 1 << 63):
+            raise _FrameRefused(1002, "payload length not in its shortest form")
+        self._inspect = 0
+        if opcode & 0x08:  # close, ping, pong
+            if not final:
+                raise _FrameRefused(1002, "a control frame may not be fragmented")
+            if size > 125:
+                raise _FrameRefused(1002, "a control frame over 125 bytes")
             if opcode in (0x9, 0xA):
                 decision, self._control = take(
                     self._control, Rate(self._limits.ws_control_per_minute), now
                 )
                 if not decision.allowed:
                     raise _FrameRefused(1008, "too many control frames")
+            else:
+                self._inspect = 0x8
+                self._close.clear()
         else:
-            if opcode != 0x0:  # a new text or binary message
+            if opcode == 0x0:
+                if not self._opcode:
+                    raise _FrameRefused(1002, "a continuation frame with no message to continue")
+            elif self._opcode:
+                raise _FrameRefused(1002, "a new message before the last one ended")
+            else:  # a new text or binary message
+                self._opcode = opcode
                 self._message = self._fragments = 0
             self._message += size
             self._fragments += 1
@@ -258,9 +299,59 @@ class ClientFrames:
                 raise _FrameRefused(1009, f"message over {self._limits.max_ws_message} bytes")
             if self._fragments > self._limits.max_fragments:  # (empty ones cost work too)
                 raise _FrameRefused(1008, f"message in over {self._limits.max_fragments} frames")
+            if self._opcode == 0x1:
+                self._inspect = 0x1
             if final:
-                self._message = self._fragments = 0
+                self._opcode = self._message = self._fragments = 0
         self._left = size
+        if self._inspect:
+            self._final, self._size, self._mask = bool(final), size, head[-4:]
+            if not size:
+                self._payload(b"")  # (an empty final piece still ends its message)
+
+    def _payload(self, chunk: bytes | bytearray) -> None:
+        """A piece of a text message's frame or of a close frame, as received (masked): text
+        must be UTF-8 (RFC 6455 §8.1), a close frame a code a client may send (§7.4)."""
+        n = len(chunk)
+        at = (self._size - self._left - n) & 3  # where the piece starts in the masking key
+        key = (self._mask[at:] + self._mask[:at]) * (n // 4 + 1)
+        plain = (int.from_bytes(chunk, "little") ^ int.from_bytes(key[:n], "little")).to_bytes(
+            n, "little"
+        )
+        ended = not self._left
+        if self._inspect == 0x8:
+            self._close += plain
+            if ended:
+                _check_close(bytes(self._close))
+            return
+        last = ended and self._final
+        try:
+            if self._decoder is None and last and n == self._size:
+                plain.decode()  # a whole message in one piece (most are)
+            else:  # fragments, or a frame split across reads: keep the partial character
+                if self._decoder is None:
+                    self._decoder = codecs.getincrementaldecoder("utf-8")()
+                self._decoder.decode(plain, last)
+        except UnicodeDecodeError:
+            raise _FrameRefused(1007, "a text message that is not UTF-8") from None
+        if last:
+            self._decoder = None
+
+
+def _check_close(payload: bytes) -> None:
+    """A client's close frame: empty, or a code a client may send and a UTF-8 reason (the
+    codes wsproto accepts: RFC 6455's defined ones that are not local-only, and 3000-4999)."""
+    if not payload:
+        return
+    if len(payload) == 1:
+        raise _FrameRefused(1002, "a close frame with a 1-byte payload")
+    code = int.from_bytes(payload[:2], "big")
+    if not (1000 <= code <= 1003 or 1007 <= code <= 1013 or 3000 <= code <= 4999):
+        raise _FrameRefused(1002, f"close code {code} is not one a client may send")
+    try:
+        payload[2:].decode()
+    except UnicodeDecodeError:
+        raise _FrameRefused(1007, "a close reason that is not UTF-8") from None
 
 
 class FrameStream(trio.abc.HalfCloseableStream):

@@ -1,6 +1,6 @@
 """Hostile WebSocket clients on real sockets (docs/events.md, "How a socket ends"; docs/limits.md):
 oversized and partial frames, ping floods, clients that never read, too many sockets and too
-many replays from one address."""
+many replays from one address, frames RFC 6455 does not allow."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import json
 import socket
 import time
 from contextlib import ExitStack
+
+import pytest
 
 from cli.client import RegistryClient
 from registry.keys import SigningKey
@@ -201,6 +203,35 @@ def test_a_message_of_endless_empty_fragments_is_refused(server: Server) -> None
     sock.close()
     assert closed
     assert close_code(data) in (1008, None)  # the close frame may be lost to a reset
+
+
+PROTOCOL_ERRORS = {
+    "invalid UTF-8 in a text frame": (client_frame(b'{"type":"ping","x":"\xff\xfe"}'), 1007),
+    "invalid UTF-8 across fragments": (
+        bytes((0x01,))
+        + client_frame(b'{"type":"ping","x":"\xc3')[1:]  # not final
+        + client_frame(b'\x28"}', opcode=0x0),
+        1007,
+    ),
+    "a close frame with an invalid code": (client_frame(b"\x00\x01", opcode=0x8), 1002),
+    "a reserved opcode": (client_frame(b"{}", opcode=0x3), 1002),
+}
+
+
+@pytest.mark.parametrize(("frames", "code"), PROTOCOL_ERRORS.values(), ids=PROTOCOL_ERRORS.keys())
+def test_a_protocol_error_ends_the_socket_with_a_close_code(
+    server: Server, frames: bytes, code: int
+) -> None:
+    """docs/events.md, "How a socket ends": always with a close code and a reason; RFC 6455
+    §7.4.1: 1007 for text that is not UTF-8, 1002 for a protocol error. (Hypercorn's parser
+    refuses these too, and closes the TCP connection with no close frame at all.)"""
+    sock = websocket(server.url, "127.0.4.7")
+    sock.sendall(frames)
+    data, closed = read_until_closed(sock, limit=5)
+    sock.close()
+    assert closed
+    assert close_code(data) == code, f"no close frame {code}: {data!r}"
+    assert health_from(server.url, "127.0.4.5").status_code == 200
 
 
 def _deflate_bomb(size: int) -> bytes:

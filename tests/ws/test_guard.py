@@ -1,5 +1,6 @@
 """The connection bounds of ws/transport.py as plain rules: admission counts per client address,
-and the client's WebSocket frames parsed from their headers, however the bytes are split."""
+and the client's WebSocket frames parsed from their headers (and text and close payloads checked
+as RFC 6455 asks, as wsproto does), however the bytes are split."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import os
 
 import pytest
 import trio
+from wsproto.frame_protocol import FrameProtocol, ParseFailed
 
 from registry.ratelimit import client_key
 from ws.transport import ClientFrames, ConnectionGuard, ConnectionLimits, _FrameRefused
@@ -44,6 +46,7 @@ async def test_admission_counts_per_address_and_in_all() -> None:
 def frame(
     payload: bytes, opcode: int = 0x1, *, final: bool = True, declared: int | None = None
 ) -> bytes:
+    """A client frame, masked as a client masks it."""
     size = len(payload) if declared is None else declared
     first = (0x80 if final else 0) | opcode
     if size < 126:
@@ -52,7 +55,8 @@ def frame(
         head = bytes((first, 0xFE)) + size.to_bytes(2, "big")
     else:
         head = bytes((first, 0xFF)) + size.to_bytes(8, "big")
-    return head + os.urandom(4) + payload
+    mask = os.urandom(4)
+    return head + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
 
 
 LIMITS = ConnectionLimits(max_ws_message=1000, ws_control_per_minute=3)
@@ -105,6 +109,81 @@ def test_pings_beyond_the_budget_are_refused_and_it_refills() -> None:
     later = ClientFrames(LIMITS)
     for second in range(0, 200, 20):  # one every 20 s: within 3 a minute
         later.feed(frame(b"p", opcode=0x9), float(second))
+
+
+def unfinished(data: bytes) -> bytes:
+    """`data`, a frame, with its FIN bit cleared."""
+    return bytes((data[0] & 0x7F,)) + data[1:]
+
+
+def wsproto_refusal(data: bytes) -> int | None:
+    """The close code Hypercorn's parser (wsproto) refuses the client's bytes with, if any."""
+    parser = FrameProtocol(client=False, extensions=[])
+    parser.receive_bytes(data)
+    try:
+        list(parser.received_frames())
+    except ParseFailed as failed:
+        return int(failed.code)
+    return None
+
+
+TEXT = "é€😀 ünïcödé".encode()
+ALLOWED = (
+    unfinished(frame(TEXT[:1]))
+    + frame(b"p", opcode=0x9)  # a ping between fragments is its own
+    + unfinished(frame(TEXT[1:5], opcode=0x0))
+    + unfinished(frame(b"", opcode=0x0))
+    + frame(TEXT[5:], opcode=0x0)
+    + frame(TEXT)
+    + frame(b"", opcode=0x1)
+    + frame(b"\xff\xfe", opcode=0x2)  # binary: no rule on its bytes (the app refuses it)
+    + frame(b"\x03\xe8bye \xc3\xa9", opcode=0x8)
+)
+
+
+@pytest.mark.parametrize("step", [1, 2, 3, 5, 100_000])
+def test_utf_8_split_across_fragments_and_reads_passes(step: int) -> None:
+    """A character may be cut anywhere: between fragments, between reads, or both."""
+    assert wsproto_refusal(ALLOWED) is None
+    feed_split(ClientFrames(LIMITS), ALLOWED, step)
+
+
+REFUSED = {
+    "invalid UTF-8 in a text frame": (frame(b'{"x":"\xff"}'), 1007),
+    "a character cut by the message's end": (
+        unfinished(frame(b"\xe2\x82")) + frame(b"", opcode=0x0),
+        1007,
+    ),
+    "invalid UTF-8 across fragments": (
+        unfinished(frame(b'{"x":"\xc3')) + frame(b'\x28"}', opcode=0x0),
+        1007,
+    ),
+    "a close reason that is not UTF-8": (frame(b"\x03\xe8\xff", opcode=0x8), 1007),
+    "a close code no client may send": (frame(b"\x00\x01", opcode=0x8), 1002),
+    "a local-only close code": (frame(b"\x03\xed", opcode=0x8), 1002),
+    "a close frame of 1 byte": (frame(b"\x03", opcode=0x8), 1002),
+    "a reserved opcode": (frame(b"{}", opcode=0x3), 1002),
+    "a reserved control opcode": (frame(b"", opcode=0xB), 1002),
+    "an unmasked frame": (bytes((0x81, 0x02)) + b"{}", 1002),
+    "a fragmented ping": (unfinished(frame(b"p", opcode=0x9)), 1002),
+    "a control frame over 125 bytes": (frame(b"p" * 126, opcode=0xA), 1002),
+    "a length not in its shortest form": (bytes((0x81, 0xFE, 0, 5)) + bytes(9), 1002),
+    "a continuation with no message": (frame(b"x", opcode=0x0), 1002),
+    "a new message inside a fragmented one": (unfinished(frame(b"x")) + frame(b"y"), 1002),
+}
+
+
+@pytest.mark.parametrize("step", [1, 3, 100_000])
+@pytest.mark.parametrize(("data", "code"), REFUSED.values(), ids=REFUSED.keys())
+def test_a_frame_rfc_6455_does_not_allow_is_refused_with_its_close_code(
+    data: bytes, code: int, step: int
+) -> None:
+    """What wsproto would refuse with no close frame sent (Hypercorn just closes the
+    connection) is refused here first: 1007 for text that is not UTF-8, 1002 for the rest."""
+    assert wsproto_refusal(data) == code
+    with pytest.raises(_FrameRefused) as refused:
+        feed_split(ClientFrames(LIMITS), data, step)
+    assert refused.value.code == code
 
 
 async def test_the_guard_logs_refusals_at_most_every_ten_seconds(
