@@ -788,26 +788,6 @@ async def test_batch_mode_bounds_the_events_waiting_not_the_frames(
         assert reason(client) == {"code": "slow_consumer", "lastSequence": 301}
 
 
-@pytest.mark.xfail(
-    reason="known: on the ordinary path every event not yet sent counts against queue_size "
-    "(docs/events.md, Delivery); the log actor hands a backlog's reads over back to back",
-)
-async def test_a_prompt_reader_is_not_closed_for_a_burst_on_the_ordinary_path(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    """One transaction of 1,500 records (three reads of the log, 500 each) to a client whose
-    socket takes everything at once (the fake socket buffers 4,096 messages, as a kernel
-    would): the subscriber's task sends one message while the actor hands over a read, so
-    the queue passes 1,024 and a prompt reader is closed with 4429."""
-    async with open_events() as events:  # queue_size 1024
-        client = events.connect()
-        await client.subscribe()
-        await append_transaction(events.store, 1500)
-        await trio.testing.wait_all_tasks_blocked()
-        assert client.sock.close_frame is None, reason(client)
-        assert events.logs.statistics().dropped_slow == 0
-
-
 async def test_a_flood_of_client_messages_is_closed_with_4429(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
