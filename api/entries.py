@@ -157,8 +157,13 @@ def register(app: QuartTrio) -> None:
         entries = deps().entries
         served = await entries.read(did)
         doc = served.at(entries.clock_ms())
-        # Attestations change what is served without a new version: they are in the tag.
-        etag = _etag(served.sequence) if doc is served.doc else _attested_etag(served, doc)
+        # Attestations and the anchor state change what is served without a new version: a
+        # body other than the version's stored text has a tag of its own (RFC 9110 §8.8.3).
+        etag = (
+            _etag(served.sequence)
+            if doc is served.doc and served.stored
+            else _attested_etag(served, doc)
+        )
         origin = {} if served.origin is None else {"Registry-Origin": served.origin}
         if served.origin is not None:
             etag = f'"r{served.sequence}-{hashlib.sha256(served.origin.encode()).hexdigest()[:8]}"'

@@ -35,6 +35,7 @@ class Served:
     doc: str
     attestations: tuple[tuple[int | None, str], ...] = ()
     origin: str | None = None  # a replica: the DID of the peer registry it was synced from
+    stored: bool = True  # `doc` is the version's stored text (not a later anchorState in it)
 
     @functools.cached_property
     def lineage(self) -> Any:

@@ -260,9 +260,8 @@ class Entries:
             return cached
         epoch = self.cache.epoch
         head = await self.live_head(did, attestations=True)
-        served = Served(
-            head.head_seq, with_anchor_state(head.doc, head.anchor_state), head.attestations
-        )
+        doc = with_anchor_state(head.doc, head.anchor_state)
+        served = Served(head.head_seq, doc, head.attestations, stored=doc is head.doc)
         self.cache.put(did, served, epoch)
         return served
 

@@ -755,3 +755,30 @@ async def test_the_overview_shows_the_backlog_then_the_confirmed_batch(held: Hel
     assert newest["intents"] >= 1
     assert {"transactionId", "blockHeight", "anchorTime"} <= set(newest)
     assert after["batchesInFlight"] == 0
+
+
+async def test_the_entrys_etag_changes_when_its_anchor_state_does(held: Held) -> None:
+    """GET serves the current anchorState without a new version: the tag must change with it
+    (RFC 9110 §8.8.3), or a revalidation keeps the stale `pending` (it was `"s<sequence>"`
+    throughout, and If-None-Match answered 304)."""
+    h, client = held.h, held.client
+    publisher = SigningKey.generate()
+    token = await sign_in(client, publisher)
+    head = await h.store.log_head()
+    [version] = await publish(client, publisher, token)
+    did = version["entryDid"]
+    r = await client.get(f"/v1/entries/{did}")
+    pending_tag = r.headers["ETag"]
+    assert ((await r.get_json())["anchorState"], pending_tag) == (
+        "pending",
+        f'"s{version["sequence"]}"',
+    )
+    async with supervising(h, LocalChain(), instant=True, finality_depth=1):
+        await wait_for(h, head, anchor_update(did, "confirmed"))
+    r = await client.get(f"/v1/entries/{did}", headers={"If-None-Match": pending_tag})
+    assert r.status_code == 200, r.headers
+    assert (await r.get_json())["anchorState"] == "anchored"
+    anchored_tag = r.headers["ETag"]
+    assert anchored_tag.startswith(f'"s{version["sequence"]}-')
+    r = await client.get(f"/v1/entries/{did}", headers={"If-None-Match": anchored_tag})
+    assert r.status_code == 304
