@@ -38,6 +38,7 @@ async def _deep_health(principal: Principal) -> dict[str, Any]:
     checks = await _checks()
     if checks.get("database") == "ok":
         checks["federation"] = await deps().federation.health()
+        checks["anchoring"] = await deps().anchors.health()
     log_head = await deps().store.log_head()
     return {"status": _status(checks), "checks": checks, "logHead": log_head}
 

@@ -55,6 +55,11 @@ TREE_LEAVES_KEPT = 400_000
 TREE_INLINE_LEAVES = 2_048
 
 
+# How long an intent may wait for a batch before deep health says the backlog is degraded (the
+# RegistryAnchoringBacklog alert's bound, deploy/registry-alerts.yml).
+BACKLOG_SECONDS = 600
+
+
 class Anchors:
     def __init__(
         self,
@@ -77,6 +82,20 @@ class Anchors:
         self.on_change = on_change  # an intent went back to pending: wake the supervisor
 
     # --- reads -----------------------------------------------------------------------------
+
+    async def health(self) -> str:
+        """The deep health check of the anchoring backlog (design §11): `ok`, or how long the
+        oldest pending intent has waited when that is over BACKLOG_SECONDS (the
+        RegistryAnchoringBacklog alert's bound)."""
+        if not self.config.anchoring.enabled:
+            return "ok"
+        o = await self.store.anchoring_overview(0)
+        if o.oldest_pending_ms is None:
+            return "ok"
+        waited = (self.entries.clock_ms() - o.oldest_pending_ms) // 1000
+        if waited <= BACKLOG_SECONDS:
+            return "ok"
+        return f"degraded: the oldest of {o.pending} pending intents has waited {waited}s"
 
     async def overview(self, principal: Principal, *, recent: int = 5) -> dict[str, Any]:
         """The backlog, the batches in flight and the latest batches (admin)."""

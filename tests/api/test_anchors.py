@@ -782,3 +782,38 @@ async def test_the_entrys_etag_changes_when_its_anchor_state_does(held: Held) ->
     assert anchored_tag.startswith(f'"s{version["sequence"]}-')
     r = await client.get(f"/v1/entries/{did}", headers={"If-None-Match": anchored_tag})
     assert r.status_code == 304
+
+
+async def test_deep_health_says_when_the_anchoring_backlog_is_old(
+    held: Held, database_url: str
+) -> None:
+    """design §11: deep health checks the anchoring backlog. An intent that waited over 600 s
+    for a batch (the RegistryAnchoringBacklog alert's bound) degrades it; anchored, it is ok."""
+    from tests.db.proc import query
+
+    h, client = held.h, held.client
+    publisher = SigningKey.generate()
+    head = await h.store.log_head()
+    [version] = await publish(client, publisher, await sign_in(client, publisher))
+    admin = bearer(await sign_in(client, held.admin))
+
+    async def deep() -> dict[str, Any]:
+        r = await client.get("/v1/health/deep", headers=admin)
+        assert r.status_code == 200, await r.get_data()
+        return dict(await r.get_json())
+
+    # Every queued intent (ours, and any other test's left in this database) is 11 minutes old.
+    await trio.to_thread.run_sync(
+        query,
+        database_url,
+        "UPDATE anchor_intents SET created_at = created_at - interval '11 minutes'"
+        " WHERE intent_id IN (SELECT intent_id FROM anchor_queue)",
+    )
+    body = await deep()
+    assert body["checks"]["anchoring"].startswith("degraded: the oldest of "), body
+    assert body["status"] == "degraded"
+    async with supervising(h, LocalChain(), instant=True, finality_depth=1):
+        await wait_for(h, head, anchor_update(version["entryDid"], "confirmed"))
+        while (await h.store.anchoring_overview(0)).pending:  # the others' too
+            await wait_for(h, await h.store.log_head(), lambda r: r.kind == "anchor.updated")
+    assert (await deep())["checks"]["anchoring"] == "ok"
