@@ -25,7 +25,13 @@ def _etag(sequence: int) -> str:
 
 
 def _attested_etag(served: Served, doc: str) -> str:
-    return f'"s{served.sequence}-{hashlib.sha256(doc.encode()).hexdigest()[:16]}"'
+    """The tag of a served text other than the stored version (attestations, a later
+    anchorState): its digest, made once per text (`Served.tagged`)."""
+    memo = served.tagged
+    if memo[0] is not doc:
+        memo[1] = f'"s{served.sequence}-{hashlib.sha256(doc.encode()).hexdigest()[:16]}"'
+        memo[0] = doc
+    return str(memo[1])
 
 
 def _entry_headers(ctx: Ctx, outcome: Outcome) -> None:

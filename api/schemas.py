@@ -481,12 +481,14 @@ class AnchorRecord(Response):
 
 
 class AnchorReceipt(Response):
-    blockHeight: Annotated[int | None, _as({"type": ["integer", "null"]})]
+    # blockHeight once the chain has put the batch in a block, transactionId once it is sent:
+    # absent before (spec 2: absent fields are omitted).
+    blockHeight: Annotated[int, Field(ge=0)] | None = None
     observedAt: Time
     proof: MaybeProof
     receiptKey: str
     state: Literal["submitted", "confirmed", "dropped"]
-    transactionId: Annotated[str | None, _as({"type": ["string", "null"]})]
+    transactionId: str | None = None
     anchorTime: Time | None = None
 
 

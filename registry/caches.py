@@ -44,6 +44,12 @@ class Served:
         return json.loads(self.doc).get("lineageReference")
 
     @functools.cached_property
+    def tagged(self) -> list[Any]:
+        """The last text served (`at`) that an entity tag was made for, and that tag: a tag is
+        a digest of up to 1 MiB, made once per text rather than on every GET."""
+        return [None, None]
+
+    @functools.cached_property
     def _rendered(self) -> list[Any]:
         return [None, None]  # the last shown attestations, and the text served with them
 

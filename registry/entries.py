@@ -107,10 +107,12 @@ def verify_publisher(
     item_data_hash: str,
     key_id: str,
     signature_value: str,
+    bare_key_id: bool = False,
 ) -> None:
     """The cryptographic checks of an entry, over the JCS text of its members: `itemDataHash`
     is SHA-256 of JCS(itemData), the key is an Ed25519 did:key key of `publisherDid`, and the
-    signature verifies over JCS of the publisher payload. `Invalid` says which failed."""
+    signature verifies over JCS of the publisher payload. `Invalid` says which failed.
+    `bare_key_id`: a key id without its fragment is taken (a peer's entries, `check_replica`)."""
     expected = canonical.sha256_hex(members["itemData"].encode("utf-8"))
     if item_data_hash != expected:
         raise Invalid(
@@ -125,7 +127,7 @@ def verify_publisher(
             details={"field": "signature.keyId"},
         )
     try:
-        public_key = public_key_from_key_id(key_id)
+        public_key = public_key_from_key_id(key_id, bare=bare_key_id)
     except ValueError:
         raise Invalid(
             "signature.keyId must be an Ed25519 did:key key id (did:key:z…#z…)",

@@ -99,6 +99,13 @@ OPERATIONS = {
 }
 
 
+# A new local entry's DID: its row in the name ordering's B-tree index (entry_search_name:
+# name, then DID) must fit PostgreSQL's 2,704 bytes beside the widest name (256 characters, up to
+# 1 KiB); a 2,048-character DID did not (SQLSTATE 54000). DIDs up to MAX_DID_LENGTH (2,048) stay
+# valid everywhere else: entries stored before, a peer's, a record naming one.
+MAX_NEW_ENTRY_DID_LENGTH = 1536
+
+
 class Entries:
     def __init__(
         self,
@@ -140,6 +147,13 @@ class Entries:
                     "a new entry starts as draft or active",
                     code="entry_invalid",
                     details={"field": "lifecycleStatus"},
+                )
+            if len(entry.did) > MAX_NEW_ENTRY_DID_LENGTH:
+                reason = f"a new entry's DID is at most {MAX_NEW_ENTRY_DID_LENGTH} characters"
+                raise Invalid(
+                    f"entryDid: {reason}",
+                    code="entry_invalid",
+                    details={"errors": [{"field": "entryDid", "reason": reason}]},
                 )
             # A DID held as another registry's replica is refused by the append path
             # (`entry_is_replica`, under the log head: no import slips in between).

@@ -666,6 +666,9 @@ async def test_a_submitted_intent_can_be_abandoned_but_not_retried(held: Held) -
         # yet, it is left out (it was null); the transaction, once sent, is a string.
         assert "blockHeight" not in receipt, receipt
         assert isinstance(receipt.get("transactionId", ""), str), receipt
+        from api.openapi import document_schemas  # the published schema says the same
+
+        assert set(document_schemas()["AnchorReceipt"]["required"]) <= set(receipt)
         r = await control(client, token, intent, "retry", key())
         error = await error_of(r, 409, "intent_state_conflict")
         assert error["details"]["state"] == "submitted"
@@ -762,7 +765,9 @@ async def test_the_overview_shows_the_backlog_then_the_confirmed_batch(held: Hel
     assert after["batchesInFlight"] == 0
 
 
-async def test_the_entrys_etag_changes_when_its_anchor_state_does(held: Held) -> None:
+async def test_the_entrys_etag_changes_when_its_anchor_state_does(
+    held: Held, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """GET serves the current anchorState without a new version: the tag must change with it
     (RFC 9110 §8.8.3), or a revalidation keeps the stale `pending` (it was `"s<sequence>"`
     throughout, and If-None-Match answered 304)."""
@@ -787,6 +792,22 @@ async def test_the_entrys_etag_changes_when_its_anchor_state_does(held: Held) ->
     assert anchored_tag.startswith(f'"s{version["sequence"]}-')
     r = await client.get(f"/v1/entries/{did}", headers={"If-None-Match": anchored_tag})
     assert r.status_code == 304
+    # The tag is a digest of the body (up to 1 MiB): made once per served text, not per GET.
+    import types
+
+    import api.entries
+
+    hashed: list[int] = []
+
+    def counting(data: bytes = b"") -> Any:
+        hashed.append(len(data))
+        return hashlib.sha256(data)
+
+    monkeypatch.setattr(api.entries, "hashlib", types.SimpleNamespace(sha256=counting))
+    for _ in range(10):
+        r = await client.get(f"/v1/entries/{did}", headers={"If-None-Match": anchored_tag})
+        assert r.status_code == 304
+    assert len(hashed) <= 1, hashed
 
 
 async def test_deep_health_says_when_the_anchoring_backlog_is_old(

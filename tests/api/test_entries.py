@@ -957,19 +957,20 @@ async def test_a_repeated_query_parameter_is_read_from_its_first_occurrence(
 
 
 async def test_the_widest_valid_entry_is_stored_and_a_longer_did_is_400(harness: Harness) -> None:
-    """The longest DID beside the widest name (256 characters of 4 UTF-8 bytes, incompressible):
-    their row in the name ordering's index must fit PostgreSQL's B-tree limit (a 2,048-character
-    DID did not: SQLSTATE 54000 ended the writer, and the process with it)."""
+    """The longest DID a new entry may have beside the widest name (256 characters of 4 UTF-8
+    bytes, incompressible): their row in the name ordering's index must fit PostgreSQL's B-tree
+    limit (a 2,048-character DID did not: SQLSTATE 54000 ended the writer, and the process with
+    it). A DID up to 2,048 characters stays valid elsewhere (a peer's entry, an older one)."""
     import random
     import string
 
-    from registry.did import MAX_DID_LENGTH
+    from registry.usecases.entries import MAX_NEW_ENTRY_DID_LENGTH
 
     rnd = random.Random(1)
     prefix = "did:example:"
     did = prefix + "".join(
         rnd.choice(string.ascii_letters + string.digits)
-        for _ in range(MAX_DID_LENGTH - len(prefix))
+        for _ in range(MAX_NEW_ENTRY_DID_LENGTH - len(prefix))
     )
     name = "".join(chr(rnd.randrange(0x20000, 0x2A6DF)) for _ in range(256))
     key = SigningKey.generate()

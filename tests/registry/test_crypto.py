@@ -220,6 +220,10 @@ def test_key_id_fragment_must_name_the_dids_own_key() -> None:
     for bare in (first, f"{first}#"):  # a DID is not a key id (design §3: did:key:z…#z…)
         with pytest.raises(ValueError, match="fragment"):
             public_key_from_key_id(bare)
+    # ... except in a peer's entries, published before the fragment was required.
+    assert public_key_from_key_id(first, bare=True) == public_key_from_did_key(first)
+    with pytest.raises(ValueError, match="fragment"):
+        public_key_from_key_id(f"{first}#key-1", bare=True)
 
 
 # --- DID Core syntax ----------------------------------------------------------------------------

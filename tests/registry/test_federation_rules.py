@@ -31,6 +31,22 @@ def test_a_served_entry_is_kept_byte_exact_as_jcs() -> None:
     assert replica.doc == canonicalize(entry).decode("utf-8")
 
 
+def test_a_peers_entries_from_before_the_key_id_rule_and_with_long_dids_are_kept() -> None:
+    """What an origin accepted before 2026-11-29, a replica takes: a bare did:key as keyId
+    (the DID names the same key), and a DID of up to 2,048 characters (a new local entry's is
+    held to 1,536, for an index replicas are not in)."""
+    bare = served(4)
+    bare["signature"]["keyId"] = KEY.did
+    assert check_replica(bare).seq == 4
+    long_did = served(5, entryDid="did:example:" + "a" * (2048 - len("did:example:")))
+    assert check_replica(long_did).entry_did == long_did["entryDid"]
+    forged = served(6)
+    forged["signature"]["keyId"] = f"{KEY.did}#key-1"  # a fragment must still be the key
+    with pytest.raises(Invalid) as info:
+        check_replica(forged)
+    assert info.value.code == "signature_key_invalid"
+
+
 @pytest.mark.parametrize(
     ("change", "code"),
     [
