@@ -44,6 +44,7 @@ from registry.models import (
     SignInResponse,
     VerifyRequest,
 )
+from registry.usecases.entries import MAX_NEW_ENTRY_DID_LENGTH
 
 # --- schemas -----------------------------------------------------------------------------------
 
@@ -105,6 +106,7 @@ def _entry_variants(entry: dict[str, Any]) -> dict[str, Any]:
                 "anyOf": [{"enum": ["draft", "active"]}, {"type": "null"}],
                 "default": None,
             },
+            entryDid={**entry["properties"]["entryDid"], "maxLength": MAX_NEW_ENTRY_DID_LENGTH},
         ),
         "UpdatedRegistryEntry": variant(
             "A new version (update): entryDid is the DID in the path, and sequence the one"
