@@ -32,6 +32,7 @@ _TMP = pathlib.Path("/tmp")  # not $TMPDIR, which may itself be too long for a s
 _SOCKET_NAME = f".s.PGSQL.{PORT}"
 _SOCKET_MAX = 107  # sizeof(sockaddr_un.sun_path) - 1
 _CONF_NAME = "registry.conf"  # our settings, included from postgresql.conf, rewritten each start
+_INCLUDE = f"include_if_exists = '{_CONF_NAME}'"  # the line postgresql.conf must have
 _INITDB_FLAGS = ["--auth-local=trust", "--auth-host=reject", "-EUTF8", "--no-locale"]
 _USERADD = ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin"]
 _SETTINGS = """\
@@ -100,18 +101,9 @@ class EmbeddedPostgres:
     def _start(self, replica_of: str) -> str:
         cluster, pg_ctl = self._resolve(), self._exe("pg_ctl")
         self._make_cluster_dir(cluster)
-        if replica_of and not (cluster / "PG_VERSION").exists():
-            self._log.info("copying a streaming replica of %s into %s", replica_of, cluster)
-            backup = [self._exe("pg_basebackup"), "-D", str(cluster), "-R", "-X", "stream"]
-            self._run([*backup, "-c", "fast", "-d", replica_of], timeout=600)
-            # The copy holds the source's socket lock file, which is not ours to report.
-            (cluster / f"{_SOCKET_NAME}.lock").unlink(missing_ok=True)
         if not (cluster / "PG_VERSION").exists():
-            self._log.info("initialising embedded PostgreSQL cluster in %s", cluster)
-            initdb = [self._exe("initdb"), "-D", str(cluster), "-U", SUPERUSER, *_INITDB_FLAGS]
-            self._run([*initdb, "--no-instructions"], timeout=300)
-            with (cluster / "postgresql.conf").open("a") as f:
-                f.write(f"\ninclude_if_exists = '{_CONF_NAME}'\n")
+            self._create(cluster, replica_of)
+        self._include_settings(cluster)
         status = self._run([pg_ctl, "status", "-D", str(cluster)], check=False).returncode
         lines = self._pidfile(cluster)
         if status == 0 and lines is not None:  # ours from earlier, or survived a registry crash
@@ -144,6 +136,39 @@ class EmbeddedPostgres:
         self._run([*psql, "-U", SUPERUSER, "-d", "postgres"], stdin=sql)
         host = urllib.parse.quote(str(sock))
         return f"postgresql://{SUPERUSER}@/{DATABASE}?host={host}&port={port}"
+
+    def _create(self, cluster: pathlib.Path, replica_of: str) -> None:
+        """Make the cluster (initdb, or a copy of `replica_of`) in a temporary sibling, include
+        our settings, then rename it onto the empty `cluster`: a start stopped at any point
+        leaves no cluster (the next start begins again) or a complete one, never one that
+        would run on PostgreSQL's defaults (TCP on localhost:5432)."""
+        for stale in cluster.parent.glob(f".{cluster.name}-new-*"):  # an interrupted start's
+            self._log.warning("removing %s, left by an interrupted first start", stale)
+            shutil.rmtree(stale, ignore_errors=True)
+        new = pathlib.Path(tempfile.mkdtemp(dir=cluster.parent, prefix=f".{cluster.name}-new-"))
+        self._chown(new)
+        if replica_of:
+            self._log.info("copying a streaming replica of %s into %s", replica_of, cluster)
+            backup = [self._exe("pg_basebackup"), "-D", str(new), "-R", "-X", "stream"]
+            self._run([*backup, "-c", "fast", "-d", replica_of], timeout=600)
+            # The copy holds the source's socket lock file, which is not ours to report.
+            (new / f"{_SOCKET_NAME}.lock").unlink(missing_ok=True)
+        else:
+            self._log.info("initialising embedded PostgreSQL cluster in %s", cluster)
+            initdb = [self._exe("initdb"), "-D", str(new), "-U", SUPERUSER, *_INITDB_FLAGS]
+            self._run([*initdb, "--no-instructions"], timeout=300)
+            with (new / "postgresql.conf").open("a") as f:
+                f.write(f"\n{_INCLUDE}\n")
+        new.rename(cluster)  # replaces the empty directory _make_cluster_dir made
+
+    def _include_settings(self, cluster: pathlib.Path) -> None:
+        """Repair a cluster whose first start, in releases before `_create` was atomic, was
+        stopped between initdb and the line that includes our settings."""
+        conf = cluster / "postgresql.conf"
+        if _INCLUDE not in conf.read_text():
+            self._log.warning("%s did not include the registry's settings; adding them", conf)
+            with conf.open("a") as f:
+                f.write(f"\n{_INCLUDE}\n")
 
     # -- where things live ------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ import pwd
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.parse
@@ -248,3 +249,57 @@ def test_unreachable_binaries_are_copied(
     finally:
         if not existed:
             shutil.rmtree(dest, ignore_errors=True)
+
+
+def test_a_cluster_without_the_registry_settings_gets_them(pg: EmbeddedPostgres) -> None:
+    """A cluster whose first start (before initialisation was atomic) stopped between initdb
+    and the line that includes the registry's settings gets the line at the next start, and
+    runs on them (no TCP), not on PostgreSQL's defaults."""
+    pg.start()
+    pg.stop()
+    conf = pg.cluster_dir / "postgresql.conf"
+    conf.write_text(conf.read_text().replace("include_if_exists = 'registry.conf'", ""))
+    dsn = pg.start()
+    assert psql(dsn, "show listen_addresses") == ""
+
+
+def test_serve_starts_after_a_first_start_interrupted_during_initdb() -> None:
+    """A first `serve` stopped (SIGTERM, a crash) while `initdb` runs leaves no cluster, only a
+    temporary sibling the next start removes: the next `serve` initialises the cluster with the
+    registry's settings (Unix socket only) instead of running one without them on PostgreSQL's
+    defaults (TCP localhost:5432)."""
+    from tests.db.proc import free_port, run_server
+
+    # A directory the cluster's OS user reaches (as root: `postgres`), so the cluster is here.
+    top = pathlib.Path(tempfile.mkdtemp(prefix="registry-embedded-"))
+    top.chmod(0o755)
+    data_dir = top / "data"
+    cluster = data_dir / "postgres"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REGISTRY_")}
+    argv = ["serve", "--port", str(free_port()), "--data-dir", str(data_dir)]
+    first = subprocess.Popen(
+        [sys.executable, "-m", "cli", *argv],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not any(data_dir.glob("*/PG_VERSION")):  # initdb has begun, wherever it writes
+            assert first.poll() is None, "serve ended before initdb"
+            assert time.monotonic() < deadline, "initdb never began"
+            time.sleep(0.005)
+        first.send_signal(signal.SIGTERM)  # while initdb runs
+        first.wait(timeout=30)
+        time.sleep(5)  # whatever initdb was doing, let it end
+        with run_server(data_dir, ready_s=60) as server:
+            assert server.proc.poll() is None
+        assert "include_if_exists = 'registry.conf'" in (cluster / "postgresql.conf").read_text()
+        assert [p.name for p in data_dir.glob(".postgres-new-*")] == []
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+        if (cluster / "postmaster.pid").exists():  # a cluster this test started: stop it
+            EmbeddedPostgres(data_dir).stop()
+        shutil.rmtree(top, ignore_errors=True)
