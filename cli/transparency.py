@@ -11,6 +11,8 @@ import json
 import os
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,6 +62,17 @@ def _b64(items: list[str]) -> list[bytes]:
     return [base64.b64decode(item, validate=True) for item in items]
 
 
+@contextmanager
+def _reading(what: str, evidence: dict[str, Any]) -> Iterator[None]:
+    """A malformed answer of the registry (a missing member, a wrong type, bad base64) is a
+    failed check with its evidence, as any other inconsistency: never a bug of the monitor."""
+    try:
+        yield
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+        reason = f"{exc.__class__.__name__}: {exc}"
+        raise AuditFailure(f"the registry's {what} is malformed ({reason})", evidence) from None
+
+
 # --- verify-entry ------------------------------------------------------------------------------
 
 
@@ -70,22 +83,32 @@ def verify_entry(
     if sequence is None:
         sequence = int(client.get(did)["sequence"])
     bundle = client.version_proof(did, sequence)
-    signer = signer_of(bundle["checkpoint"], registry_did)
+    with _reading("proof bundle", {"bundle": bundle}):
+        note, record, proof = bundle["checkpoint"], bundle["record"], bundle["proof"]
+        if not isinstance(note, str):
+            raise TypeError("its checkpoint is not text")
+        signer = signer_of(note, registry_did)
     try:
-        checkpoint = open_checkpoint(bundle["checkpoint"], _key_of(signer))
+        checkpoint = open_checkpoint(note, _key_of(signer))
     except ValueError as exc:
         raise AuditFailure(f"the checkpoint does not hold: {exc}", {"bundle": bundle}) from None
-    record, proof = bundle["record"], bundle["proof"]
     problems = []
-    if record.get("sequence") != sequence or record.get("subject") != did:
-        problems.append(f"the record is not version {sequence} of {did}")
-    if proof.get("treeSize") != checkpoint.size or proof.get("leafIndex") != sequence - 1:
-        problems.append("the proof is not for this record in this checkpoint")
-    elif not verify_inclusion(
-        sequence - 1, checkpoint.size, record_leaf(record), _b64(proof["proof"]), checkpoint.root
-    ):
-        problems.append("the inclusion proof does not lead to the checkpoint's root")
-    problems += check_version(record, client.version(did, sequence))
+    with _reading("proof bundle", {"bundle": bundle}):
+        if record.get("sequence") != sequence or record.get("subject") != did:
+            problems.append(f"the record is not version {sequence} of {did}")
+        if proof.get("treeSize") != checkpoint.size or proof.get("leafIndex") != sequence - 1:
+            problems.append("the proof is not for this record in this checkpoint")
+        elif not verify_inclusion(
+            sequence - 1,
+            checkpoint.size,
+            record_leaf(record),
+            _b64(proof["proof"]),
+            checkpoint.root,
+        ):
+            problems.append("the inclusion proof does not lead to the checkpoint's root")
+    version = client.version(did, sequence)
+    with _reading("entry version", {"bundle": bundle, "version": version}):
+        problems += check_version(record, version)
     if problems:
         raise AuditFailure("; ".join(problems), {"bundle": bundle})
     return [
@@ -155,15 +178,20 @@ def audit_once(client: RegistryClient, state: AuditState, registry_did: str | No
     checked = unserved = 0
     while tree.size < checkpoint.size:
         page = client.log_records(tree.size + 1, min(PAGE, checkpoint.size - tree.size))
-        if not page["records"]:
+        with _reading("records page", {**evidence, "records": page}):
+            records = page["records"]
+            if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
+                raise TypeError("its records are not a list of objects")
+        if not records:
             raise AuditFailure(
                 f"the registry serves no record {tree.size + 1} below its checkpoint's size",
                 evidence,
             )
-        for record in page["records"][: checkpoint.size - tree.size]:
+        for record in records[: checkpoint.size - tree.size]:
             if record.get("sequence") != tree.size + 1:
                 raise AuditFailure(f"record {tree.size + 1} is missing from the records", evidence)
-            tree.append(record_leaf(record))
+            with _reading("record", {**evidence, "record": record}):
+                tree.append(record_leaf(record))
             if "documentHash" in record:  # only public entry records carry one
                 done = _check_version(client, record, evidence)
                 checked += done
@@ -204,9 +232,9 @@ def _consistent(
         return
     proof = client.consistency_proof(state.size, checkpoint.size)
     evidence["proof"] = proof
-    if not verify_consistency(
-        state.size, checkpoint.size, _b64(proof.get("proof", [])), old_root, checkpoint.root
-    ):
+    with _reading("consistency proof", evidence):
+        path = _b64(proof["proof"])
+    if not verify_consistency(state.size, checkpoint.size, path, old_root, checkpoint.root):
         raise AuditFailure(
             f"checkpoint {checkpoint.size} is not consistent with checkpoint {state.size}:"
             " a fork, or history rewritten",
@@ -220,13 +248,20 @@ NOT_SERVED = frozenset({"version_not_found", "entry_not_found"})
 def _check_version(client: RegistryClient, record: dict[str, Any], evidence: dict[str, Any]) -> int:
     """1 when the record's version was checked; 0 when the registry no longer serves it (a
     deleted entry's versions, a deletion's version: docs/lifecycle.md)."""
+    subject = record.get("subject")
+    if not isinstance(subject, str):
+        raise AuditFailure(
+            f"record {record['sequence']} has a documentHash but no entry DID as its subject",
+            {**evidence, "record": record},
+        )
     try:
-        version = client.version(str(record["subject"]), int(record["sequence"]))
+        version = client.version(subject, int(record["sequence"]))
     except RegistryClientError as exc:
         if exc.code in NOT_SERVED:
             return 0
         raise
-    problems = check_version(record, version)
+    with _reading("entry version", {**evidence, "record": record, "version": version}):
+        problems = check_version(record, version)
     if problems:
         raise AuditFailure(
             f"record {record['sequence']} ({record['subject']}): {'; '.join(problems)}",

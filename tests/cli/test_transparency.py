@@ -1,18 +1,25 @@
 """`registry verify-entry` and `registry audit` against a real `registry serve`: a version
 checked against the signed log, a monitor that resumes from its state, and a log rewritten
-behind the registry's back (rows changed in its database) caught by a monitor."""
+behind the registry's back (rows changed in its database) caught by a monitor; and `audit`
+against a small fake registry (an HTTP server in a thread) that serves a log of its own making:
+signed checkpoints, records, and hostile answers."""
 
 from __future__ import annotations
 
 import json
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
 from cli.client import RegistryClient
 from registry.keys import SigningKey
+from registry.transparency import checkpoint_note, record_leaf, root
 from tests.cli.cli_support import Cli
 from tests.db.proc import Server, databases, query, run_server
 from tests.helpers import entry_template
@@ -125,3 +132,117 @@ def test_a_log_rewritten_in_the_database_is_caught_by_a_monitor(
             resumed = cli("audit", server.url, "--state", state)
             assert resumed.status == 1, resumed.stdout
             assert "is not consistent with checkpoint" in resumed.stdout
+
+
+# --- audit against a hostile registry ---------------------------------------------------------
+
+Answer = tuple[int, str, str]  # status, content type, body
+
+
+class FakeRegistry:
+    """A registry's public log endpoints, answered from `records` and `note` (both settable),
+    with `overrides[path]` replacing an endpoint's answer."""
+
+    def __init__(self) -> None:
+        self.key = SigningKey.generate()
+        self.records: list[dict[str, Any]] = []
+        self.note = ""
+        self.overrides: dict[str, Callable[[dict[str, str]], Answer]] = {}
+
+    def grow(self, count: int) -> None:
+        """`count` more records (admin-only kinds: redacted, no entry version to fetch)."""
+        for _ in range(count):
+            sequence = len(self.records) + 1
+            self.records.append(
+                {
+                    "at": "2026-11-21T12:00:00.000Z",
+                    "data": None,
+                    "kind": "peer.status",
+                    "redacted": "00" * 32,
+                    "sequence": sequence,
+                    "subject": None,
+                }
+            )
+        self.note = checkpoint_note(self.key.did, len(self.records), self.root(), self.key)
+
+    def root(self) -> bytes:
+        return root([record_leaf(r) for r in self.records])
+
+    def answer(self, path: str, query: dict[str, str]) -> Answer:
+        if path in self.overrides:
+            return self.overrides[path](query)
+        if path == "/v1/log/checkpoint":
+            return 200, "text/plain; charset=utf-8", self.note
+        if path == "/v1/log/records":
+            start, limit = int(query.get("from", "1")), int(query.get("limit", "100"))
+            page = self.records[start - 1 : start - 1 + limit]
+            body = {"records": page, "hasMore": False, "next": start + len(page)}
+            return 200, "application/json", json.dumps(body)
+        error = {"error": {"code": "not_found", "message": "no such route"}}
+        return 404, "application/json", json.dumps(error)
+
+
+@pytest.fixture
+def fake() -> Iterator[tuple[FakeRegistry, str]]:
+    registry = FakeRegistry()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            parts = urlsplit(self.path)
+            query = {k: v[0] for k, v in parse_qs(parts.query).items()}
+            status, kind, body = registry.answer(parts.path, query)
+            data = body.encode()
+            self.send_response(status)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield registry, f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_audit_reports_a_consistency_proof_that_is_not_base64_as_failed(
+    fake: tuple[FakeRegistry, str], tmp_path: Path
+) -> None:
+    """A consistency proof that does not decode is an inconsistency like any other: `FAILED:
+    ...`, the evidence and status 1, not an unexpected error."""
+    registry, url = fake
+    cli = Cli(tmp_path / "cli")
+    state = tmp_path / "audit.json"
+    registry.grow(2)
+    cli.ok("audit", url, "--state", state)
+    registry.grow(3)
+    registry.overrides["/v1/log/proof/consistency"] = lambda q: (
+        200,
+        "application/json",
+        json.dumps({"from": 2, "to": 5, "proof": ["not base64!"]}),
+    )
+    ran = cli("audit", url, "--state", state)
+    assert ran.status == 1, (ran.stdout, ran.stderr)
+    assert "unexpected error" not in ran.stderr, ran.stderr
+    assert ran.stdout.startswith("FAILED: "), (ran.stdout, ran.stderr)
+    assert "evidence:" in ran.stdout
+
+
+def test_audit_reports_a_records_answer_without_records_as_failed(
+    fake: tuple[FakeRegistry, str], tmp_path: Path
+) -> None:
+    """The same for a records page that is not one (`{}`)."""
+    registry, url = fake
+    cli = Cli(tmp_path / "cli")
+    registry.grow(2)
+    registry.overrides["/v1/log/records"] = lambda q: (200, "application/json", "{}")
+    ran = cli("audit", url, "--state", tmp_path / "audit.json")
+    assert ran.status == 1, (ran.stdout, ran.stderr)
+    assert "unexpected error" not in ran.stderr, ran.stderr
+    assert ran.stdout.startswith("FAILED: "), (ran.stdout, ran.stderr)
