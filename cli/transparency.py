@@ -166,8 +166,9 @@ def audit_once(client: RegistryClient, state: AuditState, registry_did: str | No
             f"the checkpoint must be signed by {state.signer}, which this monitor followed",
             {"checkpoint": note},
         )
+    pinned = state.origin or None  # the log this monitor follows: its key name and origin
     try:
-        checkpoint = open_checkpoint(note, _key_of(signer), state.origin or None)
+        checkpoint = open_checkpoint(note, _key_of(signer), pinned, origin=pinned)
     except ValueError as exc:
         raise AuditFailure(f"the checkpoint does not hold: {exc}", {"checkpoint": note}) from None
     evidence: dict[str, Any] = {"previous": state.note, "checkpoint": note}

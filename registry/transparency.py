@@ -562,15 +562,18 @@ class Checkpoint:
     root: bytes
 
 
-def open_checkpoint(note: str, public_key: bytes, key_name: str | None = None) -> Checkpoint:
+def open_checkpoint(
+    note: str, public_key: bytes, key_name: str | None = None, *, origin: str | None = None
+) -> Checkpoint:
     """The checkpoint in `note`, checked: signed by `public_key` under `key_name` (default: the
-    note's origin line), its size a decimal integer and its root 32 bytes; ValueError
-    otherwise."""
-    origin = note.split("\n", 1)[0]
-    body = verify_note(note, key_name or origin, public_key)
+    note's origin line), of the log `origin` when given (a monitor's pinned one), its size a
+    decimal integer and its root 32 bytes; ValueError otherwise."""
+    body = verify_note(note, key_name or note.split("\n", 1)[0], public_key)
     lines = body.split("\n")
-    if len(lines) < 4 or lines[0] != origin:
+    if len(lines) < 4:
         raise ValueError("a checkpoint body is origin, size and root")
+    if origin is not None and lines[0] != origin:
+        raise ValueError(f"it is of the log {lines[0]!r}, not of {origin!r}")
     size_text, root_text = lines[1], lines[2]
     if (
         not size_text.isascii()
@@ -581,7 +584,7 @@ def open_checkpoint(note: str, public_key: bytes, key_name: str | None = None) -
     tree_root = base64.b64decode(root_text, validate=True)
     if len(tree_root) != HASH_SIZE:
         raise ValueError("the root hash is not 32 bytes")
-    return Checkpoint(origin, int(size_text), tree_root)
+    return Checkpoint(lines[0], int(size_text), tree_root)
 
 
 def document_hashes(version: Mapping[str, Any]) -> set[str]:

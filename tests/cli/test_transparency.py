@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+import nacl.signing
 import pytest
 
 from cli.client import RegistryClient
 from registry.keys import SigningKey
-from registry.transparency import checkpoint_note, record_leaf, root
+from registry.transparency import checkpoint_body, checkpoint_note, record_leaf, root, sign_note
 from tests.cli.cli_support import Cli
 from tests.db.proc import Server, databases, query, run_server
 from tests.helpers import entry_template
@@ -246,3 +247,26 @@ def test_audit_reports_a_records_answer_without_records_as_failed(
     assert ran.status == 1, (ran.stdout, ran.stderr)
     assert "unexpected error" not in ran.stderr, ran.stderr
     assert ran.stdout.startswith("FAILED: "), (ran.stdout, ran.stderr)
+
+
+def test_audit_does_not_accept_a_checkpoint_of_another_origin(
+    fake: tuple[FakeRegistry, str], tmp_path: Path
+) -> None:
+    """The monitor's state names the log by its signer and origin: a checkpoint whose origin
+    line names another log (signed by the same key, under the pinned key name) fails, and the
+    state keeps the origin it pinned."""
+    registry, url = fake
+    cli = Cli(tmp_path / "cli")
+    state = tmp_path / "audit.json"
+    registry.grow(2)
+    cli.ok("audit", url, "--state", state)
+    assert json.loads(state.read_text())["origin"] == registry.key.did
+    registry.note = sign_note(
+        checkpoint_body("another.example/log", 2, registry.root()),
+        registry.key.did,
+        nacl.signing.SigningKey(registry.key.seed),
+    )
+    ran = cli("audit", url, "--state", state)
+    assert ran.status == 1, (ran.stdout, ran.stderr, json.loads(state.read_text())["origin"])
+    assert ran.stdout.startswith("FAILED: the checkpoint does not hold: it is of the log")
+    assert json.loads(state.read_text())["origin"] == registry.key.did

@@ -281,6 +281,20 @@ def test_a_checkpoint_opens_only_with_its_signers_key_and_a_well_formed_body() -
         t.open_checkpoint(short, public)
 
 
+def test_a_checkpoint_opens_with_a_pinned_origin_only_if_it_is_that_logs() -> None:
+    """A monitor pins the log's origin: a checkpoint of another origin does not open, even
+    signed by the same key under the pinned key name."""
+    key = nacl.signing.SigningKey(bytes(range(32)))
+    public, root = bytes(key.verify_key), h(b"root")
+    body = t.checkpoint_body("another.example/log", 42, root)
+    note = t.sign_note(body, "example.org/log", key)
+    assert t.open_checkpoint(note, public, "example.org/log").origin == "another.example/log"
+    with pytest.raises(ValueError, match=r"not of 'example\.org/log'"):
+        t.open_checkpoint(note, public, "example.org/log", origin="example.org/log")
+    ours = t.sign_note(t.checkpoint_body("example.org/log", 42, root), "example.org/log", key)
+    assert t.open_checkpoint(ours, public, origin="example.org/log").size == 42
+
+
 # --- the records ---------------------------------------------------------------------------------
 
 
