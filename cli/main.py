@@ -15,6 +15,7 @@ import errno
 import importlib
 import json
 import logging
+import math
 import os
 import socket
 import sys
@@ -935,6 +936,17 @@ def _positive(text: str) -> int:
     return value
 
 
+def _seconds(text: str) -> float:
+    """A number of seconds to wait, finite and above 0 (`time.sleep` takes no other)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value < math.inf:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be above 0 (and finite), not {text}")
+    return value
+
+
 class _Formatter(argparse.HelpFormatter):
     """Help texts may name the configuration's defaults as `{server.<key>}`."""
 
@@ -1257,7 +1269,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--interval",
-        type=float,
+        type=_seconds,
         default=10.0,
         metavar="SECONDS",
         help="seconds between passes with --follow (default: %(default)s)",
@@ -1292,7 +1304,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--did", action="append", help="only this entry DID, repeatable (default: all)")
     p.add_argument(
-        "--max-events", type=int, metavar="N", help="exit after N events (default: never)"
+        "--max-events",
+        type=_positive,
+        metavar="N",
+        help="exit after N events, N >= 1 (default: never)",
     )
     p.set_defaults(func=cmd_watch)
     return parser

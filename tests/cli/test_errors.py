@@ -121,3 +121,14 @@ def test_bad_usage_is_argparse_status_2(offline: Cli) -> None:
     assert ran.stderr.splitlines()[-1] == (
         "registry versions: error: argument --limit: must be at least 1, not 0"
     )
+
+
+@pytest.mark.parametrize("count", ["0", "-1"])
+def test_watch_max_events_below_1_is_a_usage_error(offline: Cli, count: str) -> None:
+    """`watch --max-events N` stops after N events, N >= 1: 0 or less is argparse's usage
+    error before anything is printed (the count was checked only after an event)."""
+    ran = offline("watch", "--from", "0", "--max-events", count)
+    assert (ran.status, ran.stdout) == (2, "")
+    assert ran.stderr.splitlines()[-1] == (
+        f"registry watch: error: argument --max-events: must be at least 1, not {count}"
+    )

@@ -270,3 +270,20 @@ def test_audit_does_not_accept_a_checkpoint_of_another_origin(
     assert ran.status == 1, (ran.stdout, ran.stderr, json.loads(state.read_text())["origin"])
     assert ran.stdout.startswith("FAILED: the checkpoint does not hold: it is of the log")
     assert json.loads(state.read_text())["origin"] == registry.key.did
+
+
+def test_audit_refuses_a_negative_interval_as_a_usage_error(
+    fake: tuple[FakeRegistry, str], tmp_path: Path
+) -> None:
+    """`--interval` must be above 0: `-1` (or 0) is argparse's usage error, status 2, before
+    any pass."""
+    registry, url = fake
+    cli = Cli(tmp_path / "cli")
+    registry.grow(1)
+    for interval in ("-1", "0"):
+        ran = cli(
+            "audit", url, "--state", tmp_path / "audit.json", "--follow", "--interval", interval
+        )
+        assert ran.status == 2, (ran.stdout, ran.stderr)
+        assert "argument --interval: must be above 0" in ran.stderr, ran.stderr
+        assert ran.stdout == ""
