@@ -378,10 +378,14 @@ def load_config(
     data: dict[str, Any] = {}
     if path is not None:
         try:
-            data = tomllib.loads(path.read_text())
+            data = tomllib.loads(path.read_text(encoding="utf-8"))  # TOML is UTF-8
         except OSError as exc:
             raise ConfigError(
                 f"{path}: cannot read the configuration file ({exc.strerror})"
+            ) from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(
+                f"{path}: not UTF-8 text (byte {exc.start}); save it as UTF-8, as TOML requires"
             ) from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{path}: invalid TOML ({exc})") from None

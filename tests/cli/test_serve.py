@@ -72,6 +72,17 @@ def test_a_data_dir_that_cannot_be_made_is_named_not_blamed_on_the_database(
     assert "database" not in line.replace("(server.data_dir)", ""), line
 
 
+def test_a_configuration_file_that_is_not_utf8_is_an_invalid_configuration(
+    tmp_path: Path,
+) -> None:
+    """An invalid configuration stops the command with status 2 and a line naming the file,
+    also when the file is not UTF-8 (it ended as an unexpected error, status 1)."""
+    bad = tmp_path / "latin1.toml"
+    bad.write_bytes(b'[server]\nhost = "caf\xe9"\n')
+    line = Cli(tmp_path)("migrate", "--config", bad).error_line(2)
+    assert line == f"registry: {bad}: not UTF-8 text (byte 20); save it as UTF-8, as TOML requires"
+
+
 def test_a_second_serve_or_migrate_on_a_data_dir_in_use(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
     with run_server(data_dir) as first:  # the embedded PostgreSQL of data_dir

@@ -580,3 +580,9 @@ def test_unreadable_or_malformed_file_names_the_file(tmp_path: Path) -> None:
     assert str(missing) in config_error(missing)
     broken = write(tmp_path, "[server\nport = 1\n")
     assert str(broken) in config_error(broken)
+    latin1 = tmp_path / "latin1.toml"
+    latin1.write_bytes(b'[server]\nhost = "caf\xe9"\n')
+    assert (
+        config_error(latin1)
+        == f"{latin1}: not UTF-8 text (byte 20); save it as UTF-8, as TOML requires"
+    )
