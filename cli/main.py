@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote_plus, urlsplit, urlunsplit
 
 from registry.keys import KeyFileError, SigningKey, read_key_file, write_key_file
 
@@ -101,13 +101,20 @@ def _config(args: argparse.Namespace) -> Config:
     return load_config(args.config, overrides={"server": server, "database": database})
 
 
+_SECRET_PARAMETERS = frozenset({"password", "sslpassword"})  # libpq's, also taken by asyncpg
+
+
 def _redacted(url: str) -> str:
-    """A database URL without its password."""
+    """A database URL without its passwords: the user part's and the query's."""
     parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
+    netloc = parts.netloc
+    if parts.password is not None:
+        netloc = netloc.replace(f":{parts.password}@", ":***@", 1)
+    query = "&".join(  # the other parameters as they were written
+        f"{name}=***" if unquote_plus(name).lower() in _SECRET_PARAMETERS else f"{name}{eq}{value}"
+        for name, eq, value in (pair.partition("=") for pair in parts.query.split("&"))
+    )
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
 
 
 def _check_port_free(host: str, port: int, *, setting: str | None = None) -> None:

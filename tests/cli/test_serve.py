@@ -117,6 +117,19 @@ def test_serve_with_a_database_that_is_not_there(tmp_path: Path) -> None:
     assert "secret" not in ran.stderr
 
 
+def test_the_database_password_is_hidden_also_in_the_url_query(tmp_path: Path) -> None:
+    """A password given as `?password=` (libpq and asyncpg take it there) is hidden as the one
+    of the user part is; the rest of the URL is shown as written."""
+    url = "postgresql://postgres@127.0.0.1:1/x?sslmode=disable&password=hunter2&sslpassword=pw2"
+    line = Cli(tmp_path)("migrate", "--database-url", url).error_line()
+    assert line.startswith(
+        "registry: cannot use the database at"
+        " postgresql://postgres@127.0.0.1:1/x?sslmode=disable&password=***&sslpassword=***: "
+    ), line
+    assert "hunter2" not in line
+    assert "pw2" not in line
+
+
 def test_the_checks_that_race_are_explained_after_the_fact_too(tmp_path: Path) -> None:
     """The port or the data directory can be taken between the checks and `serve`'s own bind
     or lock: the error `serve` then raises, deep in exception groups, is explained the same."""
