@@ -261,7 +261,13 @@ def _server_failure(exc: BaseException, config: Config) -> CliError | None:
                     " there, or choose another (--port, metrics.listen)"
                 )
             return _bind_error(config.server.host, config.server.port, leaf)
-        if isinstance(leaf, MigrationError | EmbeddedPostgresError | KeyFileError):
+        if isinstance(leaf, KeyFileError):  # the registry's own key (server.key_file)
+            return CliError(
+                f"{leaf}; restore the registry's key file there, or name it with"
+                " server.key_file (its did:key is the registry DID: a new key is another registry)",
+                EXIT_USAGE,
+            )
+        if isinstance(leaf, MigrationError | EmbeddedPostgresError):
             return CliError(str(leaf))
         if isinstance(leaf, OSError) and leaf.filename is not None:
             # A path this process could not make or use (the data directory, a key file):

@@ -83,6 +83,21 @@ def test_a_configuration_file_that_is_not_utf8_is_an_invalid_configuration(
     assert line == f"registry: {bad}: not UTF-8 text (byte 20); save it as UTF-8, as TOML requires"
 
 
+def test_serve_with_a_malformed_registry_key_file_is_a_usage_error(tmp_path: Path) -> None:
+    """A malformed `server.key_file` is a usage error (status 2) whose line says what to do."""
+    cli = Cli(tmp_path)
+    key = cli.write("registry.key", {"type": "Ed25519", "seed": "AAAA"})
+    config = cli.write("registry.toml", f'[server]\nkey_file = "{key}"\n')
+    ran = cli(
+        *("serve", "--config", config, "--port", free_port()),
+        *("--database-url", "postgresql://postgres@127.0.0.1:1/x"),
+    )
+    assert ran.error_line(2) == (
+        f"registry: {key}: seed must be 32 bytes; restore the registry's key file there, or name"
+        " it with server.key_file (its did:key is the registry DID: a new key is another registry)"
+    )
+
+
 def test_a_second_serve_or_migrate_on_a_data_dir_in_use(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
     with run_server(data_dir) as first:  # the embedded PostgreSQL of data_dir
