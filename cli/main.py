@@ -154,7 +154,14 @@ def _check_data_dir_free(data_dir: Path) -> None:
     database (the lock `service.serve` takes; the message is the one `serve` would give)."""
     from service.serve import DataDirInUse, own_data_dir
 
-    data_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # e.g. a file of that name
+        reason = "a file is there" if data_dir.is_file() else exc.strerror
+        raise CliError(
+            f"cannot use {data_dir} as the data directory ({reason}); choose another with"
+            " --data-dir (server.data_dir)"
+        ) from None
     try:
         with own_data_dir(data_dir):
             pass

@@ -98,6 +98,20 @@ def test_serve_with_a_malformed_registry_key_file_is_a_usage_error(tmp_path: Pat
     )
 
 
+def test_a_data_dir_that_is_a_file_says_so_and_what_to_do(tmp_path: Path) -> None:
+    """`--data-dir` naming a regular file: one line that says so and what to do (it was
+    `registry: FILE: File exists`)."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    expected = (
+        f"registry: cannot use {blocker} as the data directory (a file is there); choose another"
+        " with --data-dir (server.data_dir)"
+    )
+    cli = Cli(tmp_path)
+    assert cli("serve", "--port", free_port(), "--data-dir", blocker).error_line() == expected
+    assert cli("migrate", "--data-dir", blocker).error_line() == expected
+
+
 def test_a_second_serve_or_migrate_on_a_data_dir_in_use(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
     with run_server(data_dir) as first:  # the embedded PostgreSQL of data_dir
