@@ -27,7 +27,7 @@ from hypercorn.config import Config as HyperConfig
 from api.identity import HttpIdentityResolver
 from registry.config import Config
 from registry.identity import DidKeyIdentity, IdentityResolver
-from registry.keys import load_or_create_key
+from registry.keys import SigningKey, load_or_create_key
 from registry.store.embedded import EmbeddedPostgres
 from registry.store.migrate import migrate
 from registry.store.pg import open_pg_store
@@ -176,6 +176,44 @@ async def _watch_reloads(reload: Callable[[], Config], service: Service) -> None
             )
 
 
+async def _start(
+    config: Config, stack: AsyncExitStack, data_dir: Path, key: SigningKey, stop: trio.Event
+) -> Service:
+    """The embedded cluster (unless `database.url`), the migrations, the pool and the service,
+    each closed by `stack`."""
+    dsn = config.database.url
+    if not dsn:
+        stack.enter_context(own_data_dir(data_dir))
+        embedded = EmbeddedPostgres(data_dir, logger=log)
+        # Before the start: a start cancelled while its thread runs leaves the cluster
+        # running when the thread returns (stop is a no-op on a cluster not running).
+        stack.push_async_callback(_stop_embedded, embedded)
+        dsn = await trio.to_thread.run_sync(embedded.start)
+        log.info("embedded PostgreSQL at %s", embedded.cluster_dir)
+    applied = await migrate(dsn)
+    if applied:
+        log.info("applied migrations %s", applied)
+    store = await stack.enter_async_context(
+        open_pg_store(
+            dsn,
+            min_size=config.database.pool_min,
+            max_size=config.database.pool_max,
+            read_dsn=config.database.read_url,
+            read_poll_seconds=config.database.read_poll_seconds,
+        )
+    )
+    if config.database.read_url:
+        log.info("reads that may lag go to the replica at database.read_url")
+    identity: IdentityResolver = DidKeyIdentity()
+    if config.auth.identity_resolver_url:
+        identity = await stack.enter_async_context(
+            HttpIdentityResolver.open(config.auth.identity_resolver_url)
+        )
+    return await stack.enter_async_context(
+        open_service(config, store, key=key, identity=identity, stopping=stop)
+    )
+
+
 async def serve(
     config: Config,
     *,
@@ -184,8 +222,46 @@ async def serve(
     handle_signals: bool = True,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run the registry until `stop` is set (or a signal arrives). Reports the bound addresses."""
+    """Run the registry until `stop` is set (or a signal arrives). Reports the bound addresses.
+
+    A stop before it serves (SIGTERM while the embedded PostgreSQL starts or the migrations
+    run) abandons the start: what was started is stopped again, the embedded cluster too, and
+    no address is reported (`[]`)."""
     stop = stop or trio.Event()
+    serving = trio.Event()
+    async with trio.open_nursery() as watchers:
+        if handle_signals:
+            watchers.start_soon(_watch_signals, stop)
+        with trio.CancelScope() as whole:
+            watchers.start_soon(_abandon_start, stop, serving, whole)
+            await _serve(config, reload, stop, serving, handle_signals, task_status)
+        watchers.cancel_scope.cancel()
+    if whole.cancelled_caught:  # abandoned before serving: no address was bound
+        log.info("stopped")
+        task_status.started([])
+
+
+async def _abandon_start(stop: trio.Event, serving: trio.Event, whole: trio.CancelScope) -> None:
+    """A stop before serving cancels the start (once serving, Hypercorn drains and returns)."""
+    await stop.wait()
+    if not serving.is_set():
+        log.info("stopped before serving: abandoning the start")
+        whole.cancel()
+
+
+async def _stop_embedded(embedded: EmbeddedPostgres) -> None:
+    with trio.CancelScope(shield=True):  # also when the start was cancelled
+        await trio.to_thread.run_sync(embedded.stop)
+
+
+async def _serve(
+    config: Config,
+    reload: Callable[[], Config] | None,
+    stop: trio.Event,
+    serving: trio.Event,
+    handle_signals: bool,
+    task_status: trio.TaskStatus[list[str]],
+) -> None:
     data_dir = config.server.data_dir
     data_dir.mkdir(parents=True, exist_ok=True)
     key, created = load_or_create_key(config.server.key_path)
@@ -193,45 +269,15 @@ async def serve(
     guard = ConnectionGuard(connection_limits(config, raise_file_limit()))
 
     async with trio_asyncio.open_loop(), AsyncExitStack() as stack:
-        dsn = config.database.url
-        if not dsn:
-            stack.enter_context(own_data_dir(data_dir))
-            embedded = EmbeddedPostgres(data_dir, logger=log)
-            dsn = await trio.to_thread.run_sync(embedded.start)
-            stack.push_async_callback(trio.to_thread.run_sync, embedded.stop)
-            log.info("embedded PostgreSQL at %s", embedded.cluster_dir)
-        applied = await migrate(dsn)
-        if applied:
-            log.info("applied migrations %s", applied)
-        store = await stack.enter_async_context(
-            open_pg_store(
-                dsn,
-                min_size=config.database.pool_min,
-                max_size=config.database.pool_max,
-                read_dsn=config.database.read_url,
-                read_poll_seconds=config.database.read_poll_seconds,
-            )
-        )
-        if config.database.read_url:
-            log.info("reads that may lag go to the replica at database.read_url")
-        identity: IdentityResolver = DidKeyIdentity()
-        if config.auth.identity_resolver_url:
-            identity = await stack.enter_async_context(
-                HttpIdentityResolver.open(config.auth.identity_resolver_url)
-            )
-        service = await stack.enter_async_context(
-            open_service(config, store, key=key, identity=identity, stopping=stop)
-        )
+        service = await _start(config, stack, data_dir, key, stop)
         app = service.app
 
         async with trio.open_nursery() as nursery:
             trim = malloc_trimmer() if config.server.memory_trim_seconds else None
             if trim is not None:
                 nursery.start_soon(trim_every, config.server.memory_trim_seconds, trim)
-            if handle_signals:
-                nursery.start_soon(_watch_signals, stop)
-                if reload is not None:
-                    nursery.start_soon(_watch_reloads, reload, service)
+            if handle_signals and reload is not None:
+                nursery.start_soon(_watch_reloads, reload, service)
             http_done = trio.Event()
 
             async def run_http(task_status: trio.TaskStatus[list[str]]) -> None:
@@ -264,6 +310,7 @@ async def serve(
             # objects every GC_THRESHOLD allocations instead: request paths make few cycles.
             gc.set_threshold(*GC_THRESHOLD)
             log.info("serving on %s", ", ".join(binds))
+            serving.set()
             task_status.started(binds)
             # Hypercorn returns once `stop` is set and in-flight requests are drained
             # (bounded by graceful_timeout_seconds); then the actors are cancelled.

@@ -263,8 +263,26 @@ def test_a_cluster_without_the_registry_settings_gets_them(pg: EmbeddedPostgres)
     assert psql(dsn, "show listen_addresses") == ""
 
 
+def _running_with(path: pathlib.Path) -> bool:
+    """Whether a process runs whose command line names `path` (initdb, postgres, pg_ctl)."""
+    for proc in pathlib.Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and str(path).encode() in (proc / "cmdline").read_bytes():
+                return True
+        except OSError:  # it ended meanwhile
+            continue
+    return False
+
+
+def _until_none_runs_with(path: pathlib.Path, seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while _running_with(path):
+        assert time.monotonic() < deadline, f"processes of {path} still run"
+        time.sleep(0.05)
+
+
 def test_serve_starts_after_a_first_start_interrupted_during_initdb() -> None:
-    """A first `serve` stopped (SIGTERM, a crash) while `initdb` runs leaves no cluster, only a
+    """A first `serve` that crashes (SIGKILL) while `initdb` runs leaves no cluster, only a
     temporary sibling the next start removes: the next `serve` initialises the cluster with the
     registry's settings (Unix socket only) instead of running one without them on PostgreSQL's
     defaults (TCP localhost:5432)."""
@@ -289,9 +307,9 @@ def test_serve_starts_after_a_first_start_interrupted_during_initdb() -> None:
             assert first.poll() is None, "serve ended before initdb"
             assert time.monotonic() < deadline, "initdb never began"
             time.sleep(0.005)
-        first.send_signal(signal.SIGTERM)  # while initdb runs
+        first.send_signal(signal.SIGKILL)  # while initdb runs
         first.wait(timeout=30)
-        time.sleep(5)  # whatever initdb was doing, let it end
+        _until_none_runs_with(data_dir)  # the orphaned initdb ends on its own
         with run_server(data_dir, ready_s=60) as server:
             assert server.proc.poll() is None
         assert "include_if_exists = 'registry.conf'" in (cluster / "postgresql.conf").read_text()
@@ -301,5 +319,43 @@ def test_serve_starts_after_a_first_start_interrupted_during_initdb() -> None:
             first.kill()
             first.wait()
         if (cluster / "postmaster.pid").exists():  # a cluster this test started: stop it
+            EmbeddedPostgres(data_dir).stop()
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def test_a_serve_stopped_before_it_serves_stops_its_embedded_cluster() -> None:
+    """SIGTERM while the first start initialises the embedded cluster: the start is abandoned
+    once the cluster is up, the cluster is stopped again and `serve` ends with status 0 (it was
+    killed by the signal, status 143, and left the cluster running)."""
+    from tests.db.proc import free_port
+
+    top = pathlib.Path(tempfile.mkdtemp(prefix="registry-embedded-"))
+    top.chmod(0o755)
+    data_dir = top / "data"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REGISTRY_")}
+    argv = ["serve", "--port", str(free_port()), "--data-dir", str(data_dir)]
+    first = subprocess.Popen(
+        [sys.executable, "-m", "cli", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not any(data_dir.glob("*/PG_VERSION")):  # initdb has begun
+            assert first.poll() is None, "serve ended before initdb"
+            assert time.monotonic() < deadline, "initdb never began"
+            time.sleep(0.005)
+        first.send_signal(signal.SIGTERM)
+        output, _ = first.communicate(timeout=120)
+        assert first.returncode == 0, output.decode(errors="replace")[-2000:]
+        assert b"abandoning the start" in output
+        assert not (data_dir / "postgres" / "postmaster.pid").exists()
+        assert not _running_with(data_dir)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+        if (data_dir / "postgres" / "postmaster.pid").exists():
             EmbeddedPostgres(data_dir).stop()
         shutil.rmtree(top, ignore_errors=True)
