@@ -281,32 +281,45 @@ def _until_none_runs_with(path: pathlib.Path, seconds: float = 60) -> None:
         time.sleep(0.05)
 
 
+def _first_serve_during_initdb(
+    data_dir: pathlib.Path, *, output: int | None
+) -> subprocess.Popen[bytes]:
+    """A first `registry serve` on `data_dir` (embedded PostgreSQL), returned once its initdb
+    has begun (a PG_VERSION in any subfolder: initdb writes a temporary sibling first)."""
+    from tests.db.proc import free_port
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REGISTRY_")}
+    argv = ["serve", "--port", str(free_port()), "--data-dir", str(data_dir)]
+    first = subprocess.Popen(
+        [sys.executable, "-m", "cli", *argv],
+        stdout=output,
+        stderr=subprocess.STDOUT if output == subprocess.PIPE else subprocess.DEVNULL,
+        env=env,
+    )
+    deadline = time.monotonic() + 60
+    while not any(data_dir.glob("*/PG_VERSION")):
+        if first.poll() is not None or time.monotonic() >= deadline:
+            first.kill()
+            first.wait()
+            raise AssertionError("serve ended, or initdb never began")
+        time.sleep(0.005)
+    return first
+
+
 def test_serve_starts_after_a_first_start_interrupted_during_initdb() -> None:
     """A first `serve` that crashes (SIGKILL) while `initdb` runs leaves no cluster, only a
     temporary sibling the next start removes: the next `serve` initialises the cluster with the
     registry's settings (Unix socket only) instead of running one without them on PostgreSQL's
     defaults (TCP localhost:5432)."""
-    from tests.db.proc import free_port, run_server
+    from tests.db.proc import run_server
 
     # A directory the cluster's OS user reaches (as root: `postgres`), so the cluster is here.
     top = pathlib.Path(tempfile.mkdtemp(prefix="registry-embedded-"))
     top.chmod(0o755)
     data_dir = top / "data"
     cluster = data_dir / "postgres"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("REGISTRY_")}
-    argv = ["serve", "--port", str(free_port()), "--data-dir", str(data_dir)]
-    first = subprocess.Popen(
-        [sys.executable, "-m", "cli", *argv],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env=env,
-    )
+    first = _first_serve_during_initdb(data_dir, output=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 60
-        while not any(data_dir.glob("*/PG_VERSION")):  # initdb has begun, wherever it writes
-            assert first.poll() is None, "serve ended before initdb"
-            assert time.monotonic() < deadline, "initdb never began"
-            time.sleep(0.005)
         first.send_signal(signal.SIGKILL)  # while initdb runs
         first.wait(timeout=30)
         _until_none_runs_with(data_dir)  # the orphaned initdb ends on its own
@@ -327,25 +340,11 @@ def test_a_serve_stopped_before_it_serves_stops_its_embedded_cluster() -> None:
     """SIGTERM while the first start initialises the embedded cluster: the start is abandoned
     once the cluster is up, the cluster is stopped again and `serve` ends with status 0 (it was
     killed by the signal, status 143, and left the cluster running)."""
-    from tests.db.proc import free_port
-
     top = pathlib.Path(tempfile.mkdtemp(prefix="registry-embedded-"))
     top.chmod(0o755)
     data_dir = top / "data"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("REGISTRY_")}
-    argv = ["serve", "--port", str(free_port()), "--data-dir", str(data_dir)]
-    first = subprocess.Popen(
-        [sys.executable, "-m", "cli", *argv],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env=env,
-    )
+    first = _first_serve_during_initdb(data_dir, output=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 60
-        while not any(data_dir.glob("*/PG_VERSION")):  # initdb has begun
-            assert first.poll() is None, "serve ended before initdb"
-            assert time.monotonic() < deadline, "initdb never began"
-            time.sleep(0.005)
         first.send_signal(signal.SIGTERM)
         output, _ = first.communicate(timeout=120)
         assert first.returncode == 0, output.decode(errors="replace")[-2000:]

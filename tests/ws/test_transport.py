@@ -181,6 +181,11 @@ def counting_writes(stream: FrameStream) -> list[bytes]:
     return writes
 
 
+# A WebSocket handshake for /ws (RFC 6455's sample key).
+WS_UPGRADE = (
+    b"GET /ws HTTP/1.1\r\nHost: t\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+    b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+)
 HEAD = b"HTTP/1.1 200 \r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n"
 
 
@@ -670,10 +675,7 @@ async def test_a_websocket_handshake_whose_client_has_closed_is_not_kept_open() 
     gone = released(getattr(config, GUARD_ATTRIBUTE))
     async with serving(app, config) as url:
         stream = await open_to(url)
-        await stream.send_all(
-            b"GET /ws HTTP/1.1\r\nHost: t\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-            b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
-        )
+        await stream.send_all(WS_UPGRADE)
         await stream.send_eof()
         with trio.fail_after(DEADLINE):
             await ended.wait()
@@ -954,10 +956,7 @@ async def test_a_websocket_client_that_goes_after_its_handshake_frees_the_connec
     gone = released(getattr(config, GUARD_ATTRIBUTE))
     async with serving(app, config) as url:
         stream = await open_to(url)
-        await stream.send_all(
-            b"GET /ws HTTP/1.1\r\nHost: t\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-            b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
-        )
+        await stream.send_all(WS_UPGRADE)
         with trio.fail_after(DEADLINE):
             head = b""
             while b"\r\n\r\n" not in head:
