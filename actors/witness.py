@@ -28,6 +28,7 @@ from typing import Protocol
 
 import trio
 
+from registry.canonical import parse_strict
 from registry.did import public_key_from_did_key
 from registry.envelope import build_request, verify_envelope
 from registry.errors import RegistryError
@@ -125,10 +126,12 @@ class PeerWitness:
             if answer.status != 200:
                 raise WitnessSkipped(f"the consistency proof answered {answer.status}")
             try:
+                # I-JSON, as a sync answer is read: JSON nested too deep is `Invalid` here,
+                # where `json.loads` raised RecursionError (a bug to the supervisor: the end).
                 proof = [
-                    base64.b64decode(p, validate=True) for p in json.loads(answer.body)["proof"]
+                    base64.b64decode(p, validate=True) for p in parse_strict(answer.body)["proof"]
                 ]
-            except (ValueError, KeyError, TypeError) as exc:
+            except (ValueError, KeyError, TypeError, RegistryError) as exc:
                 raise WitnessSkipped(f"the consistency proof is malformed: {exc}") from None
         elif self.accepted is not None and checkpoint.size > self.accepted.size:
             proof = []  # from the empty tree: nothing to prove
@@ -164,7 +167,7 @@ class PeerWitness:
             )
         try:
             verify_envelope(
-                json.loads(answer.body),
+                parse_strict(answer.body),
                 recipient_did=deps.key.did,
                 now_ms=deps.clock_ms(),
                 expected_kind="cosignature_response",

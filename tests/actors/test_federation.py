@@ -1144,3 +1144,42 @@ async def test_a_checkpoint_holding_nul_is_not_witnessed() -> None:
     with pytest.raises(WitnessSkipped, match="U\\+0000"):
         await witness.check(deps)
     assert witness.accepted is None
+
+
+async def test_a_witness_answer_nested_too_deep_is_a_skipped_round_not_the_end_of_the_actor(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A peer's answer to the cosignature (and its consistency proof) was read with
+    `json.loads`: JSON nested 100,000 deep raised RecursionError, which no one catches (a
+    bug, for the supervisor), and so ended the PeerActor and the process. It is read under the
+    I-JSON rules, as a sync answer is: a skipped witness round, and the pulls go on."""
+    from registry.transparency import checkpoint_note
+
+    rig = make_rig()
+    rig.peer.entries(1, 2)
+    nested = b"[" * 100_000 + b"]" * 100_000
+    sizes = iter([1, 2])
+    rounds: list[str] = []
+
+    async def get(url: str) -> PeerAnswer:
+        await trio.lowlevel.checkpoint()
+        if "/v1/log/proof/consistency" in url:
+            rounds.append("proof")
+            return PeerAnswer(200, nested)
+        size = next(sizes, 2)
+        return PeerAnswer(
+            200, checkpoint_note("peer", size, bytes([size]) * 32, rig.peer.key).encode()
+        )
+
+    async def post(url: str, body: bytes) -> PeerAnswer:
+        if url.endswith("/v1/federation/cosignature"):
+            rounds.append("cosignature")
+            await trio.lowlevel.checkpoint()
+            return PeerAnswer(200, nested)
+        return await rig.peer.post(url, body)
+
+    rig.get = get  # type: ignore[method-assign]
+    rig.post = post  # type: ignore[method-assign]
+    async with running(rig, rand=lambda: RAND):
+        await rig.peer.wait_calls(3)
+    assert rounds[:2] == ["cosignature", "proof"]
