@@ -11,8 +11,9 @@ from contextlib import asynccontextmanager
 
 import httpx
 
+from registry.canonical import parse_strict
 from registry.did import is_did
-from registry.errors import UpstreamFailed
+from registry.errors import Invalid, UpstreamFailed
 from registry.identity import Identity
 
 
@@ -45,13 +46,15 @@ class HttpIdentityResolver:
                 details={"upstreamStatus": response.status_code},
             )
         try:
-            body = response.json()
+            # I-JSON, as every body we read: no lone surrogate or U+0000 (no store keeps the
+            # session then), no nesting too deep (RecursionError was a 500 of the sign-in).
+            body = parse_strict(response.content)
             root_did, root_kind = body["rootDid"], body["rootKind"]
             hmr_did = body.get("hmrDid") or signer_did
             if not all(isinstance(v, str) and v for v in (root_did, root_kind, hmr_did)):
                 raise TypeError("rootDid, rootKind and hmrDid must be non-empty strings")
             identity = Identity(root_did=root_did, root_kind=root_kind, hmr_did=hmr_did)
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        except (Invalid, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise UpstreamFailed(
                 "identity lookup answered malformed JSON", code="identity_lookup_failed"
             ) from exc

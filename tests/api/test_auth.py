@@ -9,8 +9,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import jcs
 
+from api.identity import HttpIdentityResolver
 from registry.did import b58decode
 from registry.errors import UpstreamFailed
 from registry.identity import Identity
@@ -433,3 +435,28 @@ async def test_custom_identity_is_reflected_in_session(database_url: str, tmp_pa
         assert session["hmrDid"] == key.did
 
     await with_harness(make_config(database_url, tmp_path), body, identity=Org())
+
+
+async def test_a_resolver_answer_no_store_can_keep_is_502_and_opens_no_session(
+    database_url: str, tmp_path: Path
+) -> None:
+    """A resolver whose rootKind holds a lone surrogate: the sign-in was 400
+    value_not_storable (the database refused the session), blaming the client for the
+    resolver's answer. It is a failed lookup (spec 4.6: 502), and the challenge stays usable."""
+    answer = b'{"rootDid":"did:web:org.example","rootKind":"\\ud800"}'
+    resolver = HttpIdentityResolver(
+        "https://idp.example/lookup",
+        httpx.AsyncClient(
+            transport=httpx.MockTransport(lambda r: httpx.Response(200, content=answer))
+        ),
+    )
+
+    async def body(h: Harness) -> None:
+        client = anon_client(h)
+        challenge = await _challenge(client)
+        r = await _verify(client, challenge, build_response(challenge, SigningKey.generate()))
+        await error_of(r, 502, "identity_lookup_failed")
+        assert not [c for c in r.headers.getlist("Set-Cookie") if "registry_session=" in c]
+        assert await h.store.get_challenge(challenge["nonce"]) is not None  # not burnt
+
+    await with_harness(make_config(database_url, tmp_path), body, identity=resolver)

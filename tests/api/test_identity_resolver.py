@@ -41,8 +41,25 @@ async def test_resolves_and_asks_for_the_signer() -> None:
         httpx.Response(200, json={"rootDid": None, "rootKind": "org"}),
         httpx.Response(200, json={"rootDid": "not a did", "rootKind": "org"}),
         httpx.Response(200, json=["rootDid"]),
+        # What no store can keep or no parse survives: they were a 400 value_not_storable (a
+        # lone surrogate, U+0000) and a 500 (RecursionError) of the sign-in, not the 502 of a
+        # failed lookup (spec 4.6).
+        httpx.Response(200, content=b'{"rootDid":"did:web:x","rootKind":"\\ud800"}'),
+        httpx.Response(200, content=b'{"rootDid":"did:web:x","rootKind":"a\\u0000"}'),
+        httpx.Response(200, content=b"[" * 100_000 + b"]" * 100_000),
     ],
-    ids=["500", "404", "not-json", "missing-kind", "null-root", "non-did", "array"],
+    ids=[
+        "500",
+        "404",
+        "not-json",
+        "missing-kind",
+        "null-root",
+        "non-did",
+        "array",
+        "lone-surrogate",
+        "nul",
+        "nested-too-deep",
+    ],
 )
 async def test_bad_answers_are_upstream_failures(response: httpx.Response) -> None:
     resolver = _resolver(httpx.MockTransport(lambda request: response))
