@@ -10,45 +10,73 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import httpx
+import trio
 
 from registry.canonical import parse_strict
 from registry.did import is_did
 from registry.errors import Invalid, UpstreamFailed
 from registry.identity import Identity
 
+MAX_ANSWER_BYTES = 64 * 1024  # an answer is three DIDs and a kind: a few hundred bytes
+TIMEOUT_SECONDS = 5.0
+
 
 class HttpIdentityResolver:
-    def __init__(self, url: str, client: httpx.AsyncClient) -> None:
+    def __init__(
+        self, url: str, client: httpx.AsyncClient, *, timeout: float = TIMEOUT_SECONDS
+    ) -> None:
         self._url = url
         self._client = client
+        self._timeout = timeout
 
     @classmethod
     @asynccontextmanager
     async def open(
-        cls, url: str, request_timeout: float = 5.0
+        cls, url: str, request_timeout: float = TIMEOUT_SECONDS
     ) -> AsyncIterator[HttpIdentityResolver]:
         async with httpx.AsyncClient(timeout=request_timeout) as client:
-            yield cls(url, client)
+            yield cls(url, client, timeout=request_timeout)
+
+    async def _get(self, signer_did: str) -> tuple[int, bytes]:
+        """The answer's status and body, within the timeout and MAX_ANSWER_BYTES as a whole
+        (httpx's timeout bounds each read: a resolver trickling its answer held the sign-in)."""
+        with trio.move_on_after(self._timeout):
+            async with self._client.stream("GET", self._url, params={"did": signer_did}) as got:
+                chunks: list[bytes] = []
+                size = 0
+                async for chunk in got.aiter_bytes():
+                    size += len(chunk)
+                    if size > MAX_ANSWER_BYTES:
+                        raise UpstreamFailed(
+                            "identity lookup failed",
+                            code="identity_lookup_failed",
+                            details={"reason": "answer_too_large"},
+                        )
+                    chunks.append(chunk)
+                return got.status_code, b"".join(chunks)
+        raise UpstreamFailed(
+            "identity lookup failed", code="identity_lookup_failed", details={"reason": "timeout"}
+        )
 
     async def resolve(self, signer_did: str) -> Identity:
         try:
-            response = await self._client.get(self._url, params={"did": signer_did})
+            status, content = await self._get(signer_did)
         except httpx.HTTPError as exc:
             raise UpstreamFailed(
                 "identity lookup failed",
                 code="identity_lookup_failed",
                 details={"reason": type(exc).__name__},
             ) from exc
-        if response.status_code != 200:
+        if status != 200:
             raise UpstreamFailed(
                 "identity lookup failed",
                 code="identity_lookup_failed",
-                details={"upstreamStatus": response.status_code},
+                details={"upstreamStatus": status},
             )
         try:
             # I-JSON, as every body we read: no lone surrogate or U+0000 (no store keeps the
             # session then), no nesting too deep (RecursionError was a 500 of the sign-in).
-            body = parse_strict(response.content)
+            body = parse_strict(content)
             root_did, root_kind = body["rootDid"], body["rootKind"]
             hmr_did = body.get("hmrDid") or signer_did
             if not all(isinstance(v, str) and v for v in (root_did, root_kind, hmr_did)):
