@@ -133,7 +133,7 @@ class HttpTransport:
                 infos = await trio.socket.getaddrinfo(
                     host, parts.port or 443, type=socket.SOCK_STREAM
                 )
-            except OSError as exc:
+            except (OSError, UnicodeError) as exc:  # UnicodeError: a name IDNA 2008 refuses
                 raise PeerUnreachable(f"cannot resolve {host}: {exc}") from None
             addresses = [literal_address(str(info[4][0])) for info in infos]
         for address in addresses:

@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
+import idna
 import trio
 
 from registry.breaker import BreakerPolicy
@@ -644,7 +645,9 @@ def _url(body: dict[str, Any], name: str, *, required: bool, policy: EndpointPol
 
 def _fetchable(url: str) -> bool:
     """Whether an HTTP client can request this URL: a host that parses (`http://[::1` does
-    not), whose labels fit DNS (63 characters, 253 in all) and encode as IDNA."""
+    not), whose labels fit DNS (63 characters, 253 in all) and encode as IDNA, both as Python's
+    codec does (IDNA 2003) and as trio's resolver does (IDNA 2008, UTS 46): `☃.example` passes
+    the first only, and could never be resolved."""
     try:
         parts = urlsplit(url)
         host = parts.hostname or ""
@@ -653,6 +656,8 @@ def _fetchable(url: str) -> bool:
             return False
         if not host.startswith("[") and ":" not in host:
             host.encode("idna")
+            if not host.isascii():
+                idna.encode(host, uts46=True)
         return len(host) <= 253 and all(len(label) <= 63 for label in host.split("."))
     except (ValueError, UnicodeError):
         return False

@@ -40,3 +40,14 @@ async def test_a_host_the_configuration_names_is_not_checked() -> None:
             answered = await transport.post("http://localhost:9/v1/federation/sync", b"{}")
     assert answered.status == 200
     assert seen == ["http://localhost:9/v1/federation/sync"]
+
+
+async def test_a_name_the_resolver_cannot_encode_is_refused_not_raised() -> None:
+    """A name IDNA 2008 refuses (trio encodes names with it before resolving) raised IDNAError
+    out of `post`: not `PeerUnreachable`, so the PeerActor took it for a bug, and it ended the
+    process at each pull of a peer that registered such an endpoint."""
+    policy = EndpointPolicy.of(allow_http=False, configured=[], allowed=[])
+    async with httpx.AsyncClient(transport=httpx.MockTransport(never_called)) as client:
+        transport = HttpTransport(client, max_bytes=1024, policy=lambda: policy)
+        with trio.fail_after(10), pytest.raises(PeerUnreachable, match="cannot resolve"):
+            await transport.post("https://\u2603.example/v1/federation/sync", b"{}")

@@ -1169,6 +1169,9 @@ BAD_ENDPOINTS: list[tuple[str, Any, str | None]] = [
     ("null", {"endpoint": None}, "endpoint"),
     ("unparseable-host", {"endpoint": "http://[::1"}, "endpoint"),
     ("label-too-long", {"endpoint": "http://" + "a" * 70 + ".example"}, "endpoint"),
+    # IDNA 2003 (Python's codec) encodes it; IDNA 2008, with which trio resolves names, does
+    # not: taken, it made the PeerActor's next pull raise IDNAError, which ended the process.
+    ("idna2008-disallowed", {"endpoint": "https://\u2603.example"}, "endpoint"),
     ("missing", {}, "endpoint"),
     (
         "unknown-member",
