@@ -575,22 +575,24 @@ class Federation:
     # --- the operator view ----------------------------------------------------------------
 
     async def health(self) -> str:
-        """The deep health check of the peers: `ok`, or how many have an open breaker."""
+        """The deep health check of the peers: `ok`, or how many have an open breaker and how
+        many a forked log (nothing more is imported from those, though their breaker stays
+        closed)."""
         peers = self.peers
         if not peers:
             return "ok"
         rows = {r.peer_did: r for r in await self.store.list_peers()}
         live = self.live()
         now = self.clock_ms()
-        down = [
-            did
-            for did in peers
-            if (live.get(did) or peer_state(rows.get(did), did, self.policy)).breaker.state_at(now)
-            != "closed"
-        ]
-        if not down:
-            return "ok"
-        return f"degraded: {len(down)} of {len(peers)} peers unreachable (breaker open)"
+        states = [live.get(did) or peer_state(rows.get(did), did, self.policy) for did in peers]
+        forked = sum(1 for s in states if s.log_fork is not None)
+        down = sum(1 for s in states if s.log_fork is None and s.breaker.state_at(now) != "closed")
+        problems = []
+        if down:
+            problems.append(f"{down} of {len(peers)} peers unreachable (breaker open)")
+        if forked:
+            problems.append(f"{forked} of {len(peers)} peers quarantined (log forked)")
+        return "degraded: " + "; ".join(problems) if problems else "ok"
 
     async def statuses(self, principal: Principal, *, quarantined: int = 0) -> list[dict[str, Any]]:
         """FederationPeerStatus of every configured peer (admin); with `quarantined`, each

@@ -58,3 +58,45 @@ async def test_deep_health_is_degraded_while_a_peer_breaker_is_open(
             "degraded",
             "degraded: 1 of 1 peers unreachable (breaker open)",
         )
+
+
+async def test_deep_health_is_degraded_while_a_peer_log_is_forked(
+    database_url: str, tmp_path: Path
+) -> None:
+    # A forked peer's breaker stays closed (it answers), yet nothing more is imported from it:
+    # the operator must hear of it from deep health, not only from the peers' view.
+    admin, peer = SigningKey.generate(), SigningKey.generate()
+    config = make_config(
+        database_url,
+        tmp_path,
+        auth={"admin_dids": [admin.did]},
+        federation={
+            "peers": [
+                {"peer_did": peer.did, "endpoint": "http://127.0.0.1:9", "kinds": ["discover"]}
+            ]
+        },
+    )
+    async for h in open_harness(config):
+        token = await sign_in(h.client, admin)
+        now = h.deps.federation.clock_ms()
+        state = PeerState(peer.did, log_fork="size 7 does not extend the accepted size 9")
+        change = Change(
+            "peer.status",
+            None,
+            {
+                "peerDid": peer.did,
+                "expectedCursor": 0,
+                "cursor": 0,
+                "status": state.to_stored(),
+                "replicas": [],
+                "quarantined": [],
+            },
+            event=state.status_json(now),
+        )
+        assert (await h.store.append([(change, None)]))[0].refusal is None
+        r = await h.client.get("/v1/health/deep", headers=bearer(token))
+        body = await r.get_json()
+        assert (body["status"], body["checks"]["federation"]) == (
+            "degraded",
+            "degraded: 1 of 1 peers quarantined (log forked)",
+        )
