@@ -230,8 +230,16 @@ class Federation:
                 details={"members": unknown},
             )
         agreement = payload.get("agreementId")
-        if agreement is not None and not isinstance(agreement, str):
-            raise Invalid("agreementId must be a string", code="discover_request_invalid")
+        if agreement is not None and (
+            not isinstance(agreement, str) or not 1 <= len(agreement) <= 255
+        ):
+            # As a sync request's: an empty or overlong id is a malformed request, not an
+            # agreement this registry does not know.
+            raise Invalid(
+                "agreementId must be a string of 1..255 characters",
+                code="discover_request_invalid",
+                details={"field": "agreementId"},
+            )
         self.check_agreement(peer, agreement)
         query = parse_discover_request(payload["query"])
         if query.cursor is not None:

@@ -969,6 +969,29 @@ async def test_a_peer_with_no_agreement_is_403_agreement_unknown(fed: Fed) -> No
         assert await nonce_kept(f.h, f.bare.did, request["nonce"]) is None
 
 
+async def test_a_malformed_agreement_id_is_400_for_discover_as_for_sync(fed: Fed) -> None:
+    # docs/federation.md: discover runs the checks of sync. An empty or overlong id is a
+    # malformed request (400), not an agreement this registry does not know (403).
+    f = fed
+    for agreement in ("", "a" * 256):
+        sync = sync_request(
+            f, payload={"fromSequence": 0, "maxEntries": 1, "agreementId": agreement}
+        )
+        assert (await refused(f, sync, 400, "sync_request_invalid"))["details"]["field"] == (
+            "agreementId"
+        )
+        discover = build_request(
+            f.peer,
+            kind="discover_request",
+            recipient_did=f.registry_did,
+            payload={"query": {"entryType": "*"}, "agreementId": agreement},
+            now_ms=now_ms(),
+        )
+        r = await anon_client(f.h).post("/v1/federation/discover", json=discover)
+        error = await error_of(r, 400, "discover_request_invalid")
+        assert error["details"]["field"] == "agreementId"
+
+
 # (name, payload, reason)
 BAD_PAYLOADS: list[tuple[str, dict[str, Any], str]] = [
     ("negative-from", {"fromSequence": -1, "maxEntries": 1}, "out_of_range"),
