@@ -14,6 +14,7 @@ from typing import Any
 
 from registry import entries as entry_rules
 from registry import trust
+from registry.canonical import MAX_SAFE_INTEGER
 from registry.changes import Also, Change, Decided, IdemKey, Outcome
 from registry.did import public_key_from_did_key
 from registry.errors import Conflict, Forbidden, Invalid, NotFound
@@ -88,9 +89,10 @@ class Transfers(RecordUseCase):
             sequence = body["entrySequence"]
             if type(sequence) is float and sequence.is_integer():
                 sequence = int(sequence)  # 2.0 is the integer 2 (JSON Schema, and the entries)
-            if type(sequence) is not int or sequence < 1:
+            if type(sequence) is not int or not 1 <= sequence <= MAX_SAFE_INTEGER:
+                # 1e308 is a whole number too, but no sequence (I-JSON, design §3).
                 raise Invalid(
-                    "entrySequence must be a positive integer",
+                    "entrySequence must be a positive integer (at most 2^53-1)",
                     code=code,
                     details={"field": "entrySequence"},
                 )

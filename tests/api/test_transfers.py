@@ -245,6 +245,14 @@ async def test_offer_expiry_may_be_exactly_thirty_days_but_not_a_millisecond_mor
             "entrySequence",
             id="sequence-as-string",
         ),
+        # A whole number written as a float beyond I-JSON's integers (design §3) is no
+        # sequence: it was taken as a 309-digit integer and answered 409 sequence_conflict.
+        pytest.param(
+            lambda w: {**offer_body(w), "entrySequence": 1e308},
+            "offer_invalid",
+            "entrySequence",
+            id="sequence-beyond-safe-integers",
+        ),
         pytest.param(
             lambda w: offer_body(w, recipient="did:web:example.com:someone"),
             "offer_invalid",
