@@ -258,14 +258,14 @@ class Admission:
 
     klass: str  # the rate-limit class
     auth: str  # "none" | "optional" | "required"
-    body_limit: str | None  # the LimitsConfig field that bounds the body; None: no body
+    body_limit: str | None  # the LimitsConfig field (or property) bounding the body; None: none
 
 
 def endpoint(
     klass: str,
     *,
     auth: str = "none",  # "none" | "optional" | "required"
-    body_limit: str | None = None,  # a LimitsConfig field name; None: no body
+    body_limit: str | None = None,  # a LimitsConfig field (or property) name; None: no body
 ) -> Callable[[Callable[..., Awaitable[Response]]], Callable[..., Awaitable[Response]]]:
     def wrap(handler: Callable[..., Awaitable[Response]]) -> Callable[..., Awaitable[Response]]:
         @functools.wraps(handler)

@@ -43,7 +43,7 @@ def register(app: QuartTrio) -> None:
         return json_response(await deps().transfers.get(offer_id))
 
     @app.post("/v1/transfers/offers/<offer_id>/accept")
-    @endpoint("write", auth="required", body_limit="entry_body_bytes")
+    @endpoint("write", auth="required", body_limit="accept_body_bytes")
     @documented(
         "Accept an offer with the recipient-signed entry (rules a-e of spec 4.2)",
         ok={"200": ok("ServedEntry")},

@@ -133,6 +133,11 @@ DEFAULT_PAGE_SIZE = 20
 MAX_PAGE_BYTES = 1 << 30
 
 
+# What an accept's body adds to the entry it carries: `{"entry":` and `}` (10 bytes), and
+# `"sequence":<up to 19 digits>,` (31) where the entry was created without one.
+ACCEPT_ENVELOPE_BYTES = 64
+
+
 class LimitsConfig(_Section):
     read_per_minute: Annotated[int, Field(ge=1)] = 1200
     write_per_minute: Annotated[int, Field(ge=1)] = 120
@@ -171,6 +176,12 @@ class LimitsConfig(_Section):
     # share_refresh_seconds), so the deployment admits the configured rate; off: per process.
     shared: bool = True
     share_refresh_seconds: Annotated[float, Field(gt=0, le=3600)] = 10.0
+
+    @property
+    def accept_body_bytes(self) -> int:
+        """The admission limit of an accept's body: `{"entry": …}` around an entry as large as
+        an entry body, with the `sequence` its create did not need to carry."""
+        return self.entry_body_bytes + ACCEPT_ENVELOPE_BYTES
 
     @model_validator(mode="before")
     @classmethod

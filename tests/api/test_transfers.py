@@ -525,6 +525,44 @@ async def test_attestations_stay_with_the_entry_across_a_transfer(world: World) 
     assert after["verifiableAttestations"] == [attestation]
 
 
+def compact(value: Any) -> bytes:
+    """The smallest JSON text of `value` (what the admission limit counts)."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def sized_entry(key: SigningKey, size: int, **fields: Any) -> dict[str, Any]:
+    """A signed entry whose compact JSON is exactly `size` bytes (padded in itemData)."""
+    entry = signed_entry(key, itemData={"pad": ""}, **fields)
+    pad = "x" * (size - len(compact(entry)))
+    entry = signed_entry(key, entry["entryDid"], itemData={"pad": pad}, **fields)
+    assert len(compact(entry)) == size
+    return entry
+
+
+async def test_an_entry_as_large_as_an_entry_body_may_be_transferred(world: World) -> None:
+    # The accept body is {"entry": ...} around the entry with its sequence: 23 bytes more
+    # than the entry's create body here. With the entry body's own limit, an entry created at
+    # that limit could be offered but never accepted (413).
+    w = world
+    limit = w.h.config.limits.entry_body_bytes
+    entry = sized_entry(w.owner, limit)
+    r = await w.h.client.post(
+        "/v1/entries", data=compact(entry), headers=bearer(w.owner_t, **idem(**JSON))
+    )
+    assert r.status_code == 201, await r.get_data()
+    w.entry = dict(await r.get_json())
+    offer = await make_offer(w)
+    body = compact({"entry": recipient_entry(w, await head(w))})
+    assert len(body) > limit
+    r = await w.h.client.post(
+        f"/v1/transfers/offers/{offer['offerId']}/accept",
+        data=body,
+        headers=bearer(w.recipient_t, **idem(**JSON)),
+    )
+    assert r.status_code == 200, await r.get_data()
+    assert (await head(w))["publisherDid"] == w.recipient.did
+
+
 async def test_the_new_owner_may_offer_the_entry_on_and_the_old_owner_may_not(
     world: World,
 ) -> None:
