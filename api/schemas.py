@@ -396,7 +396,16 @@ class OfferSignature(ServedSignature):
         }
     )
 
-    created: AnyJson = None
+    created: Annotated[
+        str | None,
+        _as(
+            {
+                **DATE_TIME_SCHEMA,
+                "maxLength": 64,
+                "description": "not signed; stored and served as sent (400 otherwise)",
+            }
+        ),
+    ] = None
 
 
 class OfferRequest(Body):

@@ -354,6 +354,20 @@ async def test_create_offer_rejects_an_invalid_request_with_400(
     await make_offer(w)
 
 
+async def test_the_openapi_document_says_what_an_offer_signature_created_may_be(
+    world: World,
+) -> None:
+    # The server takes only an RFC 3339 date-time string of at most 64 characters (the
+    # refusals above); the document called any JSON value valid there.
+    r = await anon_client(world.h).get("/v1/openapi.json")
+    schemas = (await r.get_json())["components"]["schemas"]
+    created = schemas["OfferSignature"]["properties"]["created"]
+    assert created["type"] == "string"
+    assert created["format"] == "date-time"
+    assert created["maxLength"] == 64
+    assert "created" not in schemas["OfferSignature"].get("required", [])
+
+
 async def test_create_offer_rejects_malformed_json_with_400(world: World) -> None:
     w = world
     r = await w.h.client.post(
