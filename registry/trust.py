@@ -23,7 +23,13 @@ from registry.models import parse_datetime
 # An amount: a non-negative decimal with at most 30 integer digits and 18 fractional digits.
 AMOUNT = re.compile(r"^(0|[1-9][0-9]{0,29})(\.[0-9]{1,18})?$")
 CURRENCY = re.compile(r"^[A-Z0-9]{2,10}$")
-RECORD_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+# A client-chosen record id (a bond's) is a path segment: not `.` or `..`, which URL
+# normalisation (RFC 3986 §5.2.4) removes before the request is sent.
+RECORD_ID = re.compile(
+    r"^(?:[A-Za-z0-9_:-][A-Za-z0-9._:-]{0,127}"  # (no look-ahead: JSON Schema and pydantic)
+    r"|\.[A-Za-z0-9_:-][A-Za-z0-9._:-]{0,126}"
+    r"|\.\.[A-Za-z0-9._:-]{1,126})$"
+)
 _EXACT = Context(prec=80)  # far beyond 30 + 18 digits: every operation here is exact
 
 

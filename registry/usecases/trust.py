@@ -267,7 +267,7 @@ class Bonds(RecordUseCase):
             bond_id = body["bondId"]
             if not isinstance(bond_id, str) or not trust.RECORD_ID.fullmatch(bond_id):
                 raise Invalid(
-                    "bondId must be 1-128 characters of A-Z a-z 0-9 . _ : -",
+                    "bondId must be 1-128 characters of A-Z a-z 0-9 . _ : -, and not . or ..",
                     code=code,
                     details={"field": "bondId"},
                 )

@@ -233,6 +233,10 @@ async def test_provision_rejects_an_invalid_amount(world: World, amount: Any) ->
         ({"bondId": "a/b"}, "bondId"),
         ({"bondId": 7}, "bondId"),
         ({"bondId": "bond-1\n"}, "bondId"),
+        # A dot segment: /v1/bonds/.. is /v1 to every client that normalises the URL (RFC 3986
+        # §5.2.4: httpx, browsers, curl), so such a bond could not be read, slashed or released.
+        ({"bondId": "."}, "bondId"),
+        ({"bondId": ".."}, "bondId"),
         ({"status": "slashed"}, "status"),
         ({"status": "released"}, "status"),
         ({"entryDid": "not a did"}, "entryDid"),
@@ -247,6 +251,13 @@ async def test_provision_rejects_an_invalid_field(
     r = await post(w, "/v1/admin/bonds", w.admin_t, bond_body(w, **fields))
     error = await error_of(r, 400, "bond_invalid")
     assert error["details"]["field"] == field
+
+
+@pytest.mark.parametrize("bond_id", ["...", ".a", "a..", ":", "-"])
+async def test_a_bond_id_of_dots_but_no_dot_segment_is_taken(world: World, bond_id: str) -> None:
+    w = world
+    await provision(w, bondId=bond_id)
+    assert (await get_bond(w, bond_id))["bondId"] == bond_id
 
 
 @pytest.mark.parametrize("missing", ["amount", "bondId", "currency", "entryDid", "publisherDid"])
