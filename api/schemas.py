@@ -410,7 +410,10 @@ class OfferSignature(ServedSignature):
 
 class OfferRequest(Body):
     entryDid: Did
-    entrySequence: Sequence
+    entrySequence: Annotated[
+        Sequence | None,
+        Field(description="the entry's latest sequence, which the signature covers (default)"),
+    ] = None
     recipientDid: Annotated[
         str,
         Field(

@@ -66,8 +66,10 @@ class Transfers(RecordUseCase):
             code = "offer_invalid"
             body = body_object(
                 data,
-                required={"entryDid", "entrySequence", "recipientDid", "ownerSignature"},
-                optional={"expiresAt"},
+                # Design §8 lists the body without `entrySequence` (its signature covers it):
+                # absent (or null, as `expiresAt`), it is the entry's latest sequence.
+                required={"entryDid", "recipientDid", "ownerSignature"},
+                optional={"entrySequence", "expiresAt"},
                 code=code,
             )
             entry_did = did_field(body, "entryDid", code=code)
@@ -86,10 +88,12 @@ class Transfers(RecordUseCase):
                     code=code,
                     details={"field": "recipientDid"},
                 )
-            sequence = body["entrySequence"]
+            sequence = body.get("entrySequence")
             if type(sequence) is float and sequence.is_integer():
                 sequence = int(sequence)  # 2.0 is the integer 2 (JSON Schema, and the entries)
-            if type(sequence) is not int or not 1 <= sequence <= MAX_SAFE_INTEGER:
+            if sequence is not None and (
+                type(sequence) is not int or not 1 <= sequence <= MAX_SAFE_INTEGER
+            ):
                 # 1e308 is a whole number too, but no sequence (I-JSON, design §3).
                 raise Invalid(
                     "entrySequence must be a positive integer (at most 2^53-1)",
@@ -117,7 +121,9 @@ class Transfers(RecordUseCase):
                     code="lifecycle_conflict",
                     details={"from": "revoked"},
                 )
-            if sequence != head.head_seq:
+            if sequence is None:
+                sequence = head.head_seq
+            elif sequence != head.head_seq:
                 raise Conflict(
                     "entrySequence is not the entry's latest sequence",
                     code="sequence_conflict",

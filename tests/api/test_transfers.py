@@ -407,6 +407,31 @@ async def test_offer_on_a_stale_sequence_is_a_sequence_conflict(world: World) ->
     assert offer["entrySequence"] == latest
 
 
+async def test_an_offer_without_entry_sequence_is_of_the_latest_one_its_signature_covers(
+    world: World,
+) -> None:
+    # Design §8 lists the body as entryDid, recipientDid, expiresAt?, ownerSignature: the
+    # sequence the signature covers is the entry's latest.
+    w = world
+    r = await update_as_owner(w, w.entry["sequence"], version="2.0.0")
+    latest = (await r.get_json())["sequence"]
+    stale = offer_body(w)  # signed over the older sequence
+    del stale["entrySequence"]
+    for body in (stale, {**stale, "entrySequence": None}):
+        # The signature does not verify over the latest sequence: nothing is offered.
+        r = await post(w, "/v1/transfers/offers", w.owner_t, body)
+        assert (await error_of(r, 400, "signature_invalid"))["details"]["field"] == (
+            "ownerSignature.value"
+        )
+    body = offer_body(w, sequence=latest)
+    del body["entrySequence"]
+    r = await post(w, "/v1/transfers/offers", w.owner_t, body)
+    assert r.status_code == 201, await r.get_data()
+    offer = await r.get_json()
+    assert offer["entrySequence"] == latest
+    assert await get_offer(w, offer["offerId"]) == offer
+
+
 async def test_a_revoked_entry_cannot_be_offered(world: World) -> None:
     w = world
     r = await update_as_owner(w, w.entry["sequence"], lifecycleStatus="revoked")
