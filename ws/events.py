@@ -380,6 +380,15 @@ class Connection:
             while True:
                 await self._replay(sink)
                 ended = await self._follow(sink)
+                if ended == "slow" and self.stream is None:
+                    # The ordinary path: no kernel buffer took the burst, so a prompt reader
+                    # overflows as a slow one does when the log is read back to back. Neither
+                    # is closed: what waits goes out first, then the subscription reads on from
+                    # the log (the actor's memory, else the store, paid from the address's
+                    # database time) and is live again.
+                    await self._flush(sink.writer)
+                    sink.ended = None
+                    continue
                 if ended == "slow":
                     await self.close(CLOSE_SLOW, self._resume("slow_consumer"))
                 if ended == "lapsed":
