@@ -26,15 +26,18 @@ def _param(
     }
 
 
-def _required(name: str) -> int:
-    value = int_param(name)
+# One code for a bad treeSize, malformed or out of range (registry/usecases/transparency.py).
+TREE_SIZE_CODE = "invalid_tree_size"
+
+
+def _required(name: str, *, code: str | None = None) -> int:
+    """A required integer parameter: `invalid_<name>` when it is missing, `code` (default the
+    same) when it is malformed; the range checks of the use-case follow."""
+    value = int_param(name, code=code)
     if value is None:
         raise Invalid(f"{name} is required", code=f"invalid_{name}")
     return value
 
-
-# One code for a bad treeSize, malformed or out of range (registry/usecases/transparency.py).
-TREE_SIZE_CODE = "invalid_tree_size"
 
 CHECKPOINT_TEXT = {
     "description": "a C2SP tlog-checkpoint signed note (docs/transparency.md)",
@@ -105,7 +108,9 @@ def register(app: QuartTrio) -> None:
         ],
     )
     async def consistency_proof(ctx: Ctx) -> Response:
-        body = await deps().transparency.consistency(_required("from"), _required("to"))
+        body = await deps().transparency.consistency(
+            _required("from", code=TREE_SIZE_CODE), _required("to", code=TREE_SIZE_CODE)
+        )
         return json_response(dumps(body))
 
     @app.get("/v1/entries/<did>/versions/<sequence>/proof")

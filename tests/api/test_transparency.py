@@ -181,6 +181,14 @@ async def test_bad_parameters_are_refused_and_sizes_past_the_checkpoint_are_not_
         ("/v1/log/proof/consistency?from=2&to=1", 400, "invalid_tree_size"),
         ("/v1/log/proof/consistency?from=0&to=1", 400, "invalid_tree_size"),
         ("/v1/log/proof/consistency?to=1", 400, "invalid_from"),
+        ("/v1/log/proof/consistency?from=1", 400, "invalid_to"),
+        # Malformed or beyond ±(2^53-1): a bad tree size, as 0 or from > to is (and as a bad
+        # treeSize is); invalid_from/invalid_to only say that one is missing. They were
+        # invalid_from/invalid_to, which docs/transparency.md and docs/errors.md keep for that.
+        ("/v1/log/proof/consistency?from=x&to=1", 400, "invalid_tree_size"),
+        ("/v1/log/proof/consistency?from=1&to=1.5", 400, "invalid_tree_size"),
+        ("/v1/log/proof/consistency?from=&to=1", 400, "invalid_tree_size"),
+        ("/v1/log/proof/consistency?from=1&to=9007199254740992", 400, "invalid_tree_size"),
         (f"/v1/log/proof/consistency?from=1&to={n + 1}", 404, "tree_size_unknown"),
         (f"/v1/entries/{did}/versions/0/proof", 400, "invalid_sequence"),
         (f"/v1/entries/{did}/versions/{n + 5}/proof", 404, "version_not_found"),
