@@ -324,6 +324,14 @@ async def test_versions_are_listed_ascending_each_confirmed_with_a_proof_that_ve
     tombstone = await r.get_json()
     [event] = await wait_for(h, head, anchor_update(did, "confirmed"))
     assert event.data["sequence"] == tombstone["sequence"]
+    # The tombstone has no itemData: the deletion's leaf carries the itemDataHash of the
+    # version it deleted, at the tombstone's sequence (docs/anchoring.md).
+    fetchval = trio_asyncio.aio_as_trio(h.store._pool.fetchval)  # type: ignore[attr-defined]
+    deleted = await fetchval(
+        "SELECT item_data_hash FROM anchor_intents WHERE intent_id = $1 AND operation = 'delete'",
+        f"ai_{tombstone['sequence']}",
+    )
+    assert deleted == served[-1]["itemDataHash"]
     await error_of(await h.client.get(f"/v1/anchors/{did}"), 404, "entry_not_found")
 
 
