@@ -224,6 +224,7 @@ async def test_a_deleted_entrys_versions_have_no_proof_bundle_as_they_have_no_re
     assert (await c.get(f"/v1/entries/{did}/versions/{sequence}/proof")).status_code == 200
     r = await h.client.delete(f"/v1/entries/{did}", headers=bearer(token, **idem()))
     assert r.status_code == 200, await r.get_data()
+    tombstone = await r.get_json()
     with trio.fail_after(10):
         await h.service.transparency.checkpointed(await h.store.log_head())
     for path in (
@@ -233,6 +234,11 @@ async def test_a_deleted_entrys_versions_have_no_proof_bundle_as_they_have_no_re
         await error_of(await c.get(path), 404, "entry_not_found")
     records = (await get_json(h, "/v1/log/records"))["records"]
     assert [r["subject"] for r in records if r["kind"].startswith("entry.")] == [did, did]
+    # The deletion's documentHash is of the tombstone as DELETE answered it (docs/transparency.md):
+    # whoever deleted can check it.
+    [deleted] = [r for r in records if r["kind"] == "entry.deleted"]
+    assert deleted["sequence"] == tombstone["sequence"]
+    assert deleted["documentHash"] == hashlib.sha256(jcs.canonicalize(tombstone)).hexdigest()
 
 
 # --- a peer's cosignature (POST /v1/federation/cosignature) ------------------------------------
