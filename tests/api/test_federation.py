@@ -1404,6 +1404,8 @@ async def test_a_replica_is_served_with_its_origin_when_no_local_entry_has_the_d
     assert r.headers["Registry-Origin"] == origin
     assert await body_text(r) == jcs(v9)  # exactly as the origin served it
     etag = r.headers["ETag"]
+    # docs/api.md: the origin's sequence and 8 hex digits of SHA-256 of the origin's DID.
+    assert etag == f'"r9-{hashlib.sha256(origin.encode()).hexdigest()[:8]}"'
     r = await get(h, f"/v1/entries/{did}", **{"If-None-Match": etag})
     assert r.status_code == 304
     assert r.headers["Registry-Origin"] == origin
