@@ -1436,6 +1436,9 @@ async def test_a_replica_is_served_with_its_origin_when_no_local_entry_has_the_d
         assert await body_text(r) == jcs(version)
     r = await get(h, f"/v1/entries/{did}/versions/5")
     await error_of(r, 404, "version_not_found")
+    # A replica is not in this registry's log: no proof bundle here (docs/transparency.md).
+    r = await get(h, f"/v1/entries/{did}/versions/9/proof")
+    await error_of(r, 404, "entry_not_found")
 
     r = await get(h, f"/v1/entries/{did}/lineage")
     assert r.status_code == 200
