@@ -99,7 +99,8 @@ class DiscoverRequest(WireModel):
 
     model_config = ConfigDict(json_schema_extra=_CROSS_FIELD_RULES)
 
-    entry_type: EntryTypeOrAll = Field(default=ALL_TYPES, alias="entryType")
+    # null is absent, as for every member: all types.
+    entry_type: EntryTypeOrAll | None = Field(default=None, alias="entryType")
     text: Annotated[str, StringConstraints(min_length=1, max_length=MAX_TEXT)] | None = None
     tags: Annotated[list[Tag], Field(max_length=MAX_IN_VALUES)] | None = None
     any_tags: Annotated[list[Tag], Field(min_length=1, max_length=MAX_IN_VALUES)] | None = Field(
@@ -197,7 +198,7 @@ def request_to_query(request: DiscoverRequest) -> RegistryQuery:
     elif request.order is not None:
         raise Invalid("order needs orderBy", code="invalid_order")
     query = RegistryQuery(
-        entry_type=request.entry_type,
+        entry_type=ALL_TYPES if request.entry_type is None else request.entry_type,
         service_type=request.service_type,
         where=conjunction(parts),
         order=order,

@@ -270,7 +270,7 @@ class Federation:
         principal.require("discover.federated")
         if not isinstance(data, dict):
             raise Invalid("the request must be a JSON object", code="invalid_query")
-        if "entryType" not in data:
+        if data.get("entryType") is None:  # required: null is no type
             raise Invalid(
                 'entryType is required ("*" for all types)',
                 code="invalid_query",

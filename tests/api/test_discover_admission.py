@@ -12,7 +12,7 @@ import trio
 from tests.api.api_support import JSON, anon_client, error_of, with_harness
 from tests.api.test_discover import discover, post, publisher, scope
 from tests.conftest import Harness, make_config
-from tests.helpers import new_did
+from tests.helpers import bearer, new_did
 
 KIB = 1024
 LIMIT = 64 * KIB
@@ -139,6 +139,7 @@ async def test_null_members_mean_absent(harness: Harness) -> None:
     tag = scope()
     await pub.publish(tags=[tag])
     nulls = {
+        "entryType": None,  # all types, as when absent (it was 400: "should be a valid string")
         "text": None,
         "anyTags": None,
         "publisherDid": None,
@@ -151,8 +152,18 @@ async def test_null_members_mean_absent(harness: Harness) -> None:
         "limit": None,
         "cursor": None,
         "offset": None,
+        "publishedAfter": None,
+        "publishedBefore": None,
+        "updatedAfter": None,
+        "updatedBefore": None,
     }
     assert (await discover(harness, {"tags": [tag], **nulls}))["totalCount"] == 1
+    assert (await discover(harness, {"tags": None, "entryType": None}))["totalCount"] >= 1
+    # Federated discovery requires entryType: null names no type, as absent does.
+    for body in ({}, {"entryType": None}):
+        r = await pub.h.client.post("/v1/discover/federated", json=body, headers=bearer(pub.token))
+        error = await error_of(r, 400, "invalid_query")
+        assert error["details"] == {"field": "entryType"}
 
 
 # --- 413 -------------------------------------------------------------------------------------
