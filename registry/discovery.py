@@ -47,6 +47,12 @@ from registry.query import (
 )
 from registry.registryql import MAX_QUERY_BYTES
 
+# The longest cursor a client may send back: the longest this codec issues (~7,000 characters:
+# the sort values of a name of 256 astral characters, each written as two JSON \u escapes, and
+# a DID of 2,048 characters, with the tag, in base64). At 2,048 a page ending on a long name or
+# DID gave a cursor that its next request refused.
+MAX_CURSOR_CHARS = 8192
+Cursor = Annotated[str, StringConstraints(min_length=1, max_length=MAX_CURSOR_CHARS)]
 EntryTypeOrAll = Annotated[str, StringConstraints(pattern=r"^(\*|[A-Za-z][A-Za-z0-9._-]{0,63})$")]
 METADATA_KEY_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 MetadataKey = Annotated[str, StringConstraints(pattern=METADATA_KEY_PATTERN)]
@@ -137,7 +143,7 @@ class DiscoverRequest(WireModel):
         ]
         | None
     ) = None
-    cursor: Annotated[str, StringConstraints(min_length=1, max_length=2048)] | None = None
+    cursor: Cursor | None = None
     offset: Annotated[int, Field(ge=0, le=MAX_OFFSET), WHOLE] | None = None
 
 
@@ -162,7 +168,7 @@ class RegistryQLRequest(WireModel):
             }
         ),
     ]
-    cursor: Annotated[str, StringConstraints(min_length=1, max_length=2048)] | None = None
+    cursor: Cursor | None = None
 
 
 def request_to_query(request: DiscoverRequest) -> RegistryQuery:

@@ -1079,3 +1079,29 @@ async def test_an_altered_spelling_of_a_cursor_is_400(harness: Harness) -> None:
     await error_of(r, 400, "invalid_cursor")
     r = await post(harness, {"tags": [tag], "limit": 1, "cursor": cursor})
     assert r.status_code == 200
+
+
+async def test_a_page_ending_on_a_long_name_or_did_gives_a_cursor_that_pages_on(
+    harness: Harness,
+) -> None:
+    """A cursor holds the last entry's sort values: a name of 256 non-ASCII characters (each a
+    JSON \\u escape) or a DID of ~1,500 characters made one of more than 2,048 characters, which
+    the next request refused as too long (400 invalid_query): paging stopped there."""
+    pub = await publisher(harness)
+    by_name, by_did = scope(), scope()
+    for i in range(3):
+        await pub.publish(name=f"{i}" + "語" * 255, tags=[by_name])
+        await pub.publish("did:web:agents.example.com:" + "a" * 1490 + str(i), tags=[by_did])
+    for tag, order in ((by_name, "name"), (by_did, "publishedAt")):
+        body = {"tags": [tag], "orderBy": order, "limit": 1}
+        first = await discover(harness, body)
+        assert len(first["cursor"]) > 2048
+        pages = await page_all(harness, body)
+        assert len(flat_dids(pages)) == len(set(flat_dids(pages))) == 3
+        rql = f"DISCOVER * WHERE tags CONTAINS '{tag}' ORDER BY {order} LIMIT 1"
+        if order == "publishedAt":
+            rql = rql.replace("publishedAt", "publishedAt DESC")
+        second = await discover(
+            harness, {"query": rql, "cursor": first["cursor"]}, "/v1/discover/registryql"
+        )
+        assert [e["entryDid"] for e in second["entries"]] == flat_dids(pages)[1:2]

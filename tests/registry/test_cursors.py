@@ -77,3 +77,24 @@ def test_a_cursor_has_one_spelling() -> None:
             with pytest.raises(Invalid) as raised:
                 cursors.open(spelling, BAD)
             assert raised.value is BAD, spelling
+
+
+def test_the_longest_discovery_cursor_issued_is_accepted_back() -> None:
+    """Every sort value at its longest (a name of 256 astral characters, escaped in JSON, a DID
+    of 2,048 characters, both times, a rank): the cursor still fits what a request may carry."""
+    from datetime import UTC, datetime
+
+    from registry.discovery import MAX_CURSOR_CHARS, CursorCodec, DiscoverRequest
+    from registry.registryql import parse_registryql
+
+    query = parse_registryql(
+        "DISCOVER * WHERE MATCH 'x'"
+        " ORDER BY relevance DESC, publishedAt DESC, updatedAt DESC, name DESC"
+    )
+    moment = datetime(2026, 1, 1, 23, 59, 59, 999999, tzinfo=UTC)
+    did = "did:web:" + "%41" * 680
+    assert len(did) == 2048
+    position = [1.2345678e-20, moment, moment, "\U0001f600" * 256, did]
+    cursor = CursorCodec(b"k" * 32).encode(query, position)
+    assert len(cursor) <= MAX_CURSOR_CHARS
+    assert DiscoverRequest.model_validate({"cursor": cursor}).cursor == cursor
