@@ -28,7 +28,7 @@ from typing import Protocol
 
 import trio
 
-from registry.canonical import parse_strict
+from registry.canonical import MAX_SAFE_INTEGER, parse_strict
 from registry.did import public_key_from_did_key
 from registry.envelope import build_request, verify_envelope
 from registry.errors import RegistryError
@@ -119,6 +119,10 @@ class PeerWitness:
             checkpoint = open_checkpoint(note, public_key_from_did_key(self.did), origin)
         except ValueError as exc:
             raise WitnessSkipped(f"the checkpoint does not hold: {exc}") from None
+        if checkpoint.size > MAX_SAFE_INTEGER:
+            # I-JSON, as a sync answer's sequences: the size goes into the peer's status, and
+            # so into a log record, which JCS (the checkpointer's leaf) cannot write beyond it.
+            raise WitnessSkipped(f"the checkpoint's tree size {checkpoint.size} exceeds 2^53-1")
         proof = None
         if self.accepted is not None and checkpoint.size > self.accepted.size > 0:
             url = f"{base}{CONSISTENCY_PATH}?from={self.accepted.size}&to={checkpoint.size}"

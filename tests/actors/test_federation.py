@@ -1183,3 +1183,34 @@ async def test_a_witness_answer_nested_too_deep_is_a_skipped_round_not_the_end_o
     async with running(rig, rand=lambda: RAND):
         await rig.peer.wait_calls(3)
     assert rounds[:2] == ["cosignature", "proof"]
+
+
+async def test_a_checkpoint_beyond_safe_integers_is_not_witnessed(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A peer signs any tree size it likes: a first checkpoint of 2^60 records was accepted
+    (it is a bigint), its size went into the peer's status (`log.treeSize`) and so into the
+    next `peer.status` log record, which JCS cannot write (an integer beyond 2^53-1): the
+    checkpointer, hashing that record into this registry's own tree, raised `Invalid` (a bug to
+    the supervisor) and ended the process, then every restart after it. A tree size beyond
+    2^53-1 is a checkpoint that does not hold (a skipped round, as a sync answer's sequences
+    are held to I-JSON); the log records stay hashable."""
+    from registry.transparency import checkpoint_note, leaves_of
+
+    rig = make_rig()
+    rig.peer.entries(1, 2)
+    rig.peer.script.append("error")  # a failed pull, then a good one: two status records
+
+    async def get(url: str) -> PeerAnswer:
+        await trio.lowlevel.checkpoint()
+        return PeerAnswer(200, checkpoint_note("peer", 2**60, b"\x01" * 32, rig.peer.key).encode())
+
+    rig.get = get  # type: ignore[method-assign]
+    async with running(rig) as handle:
+        await rig.peer.wait_calls(2)
+        assert live(handle, rig.peer).witnessed_size is None
+    assert await rig.store.peer_checkpoints() == {}
+    records = await peer_records(rig.store)
+    assert [r.data["consecutiveFailures"] for r in records] == [1, 0]
+    assert "log" not in records[-1].data
+    assert len(leaves_of([(r, None) for r in records])) == 2  # the checkpointer can hash them
