@@ -29,7 +29,8 @@ from functools import partial
 import trio
 
 from actors.supervisor import while_leading
-from registry.errors import Unavailable
+from registry.changes import LogRecord
+from registry.errors import Invalid, Unavailable
 from registry.keys import SigningKey
 from registry.store import TransparencyStore
 from registry.transparency import (
@@ -130,7 +131,7 @@ async def _checkpoint_loop(
                 if not records or records[0][0].seq != builder.size + 1:
                     raise Unavailable("the log has a gap below its head", code="log_gap")
                 for start in range(0, len(records), HASH_CHUNK):
-                    for leaf in leaves_of(records[start : start + HASH_CHUNK]):
+                    for leaf in _leaves(records[start : start + HASH_CHUNK]):
                         builder.append(leaf)
                     await trio.lowlevel.checkpoint()  # the event loop runs between chunks
                 handle.records_hashed += len(records)
@@ -140,6 +141,24 @@ async def _checkpoint_loop(
         with trio.move_on_after(every_seconds):
             await handle.wakeup.wait()
         handle.wakeup = trio.Event()
+
+
+def _leaves(records: list[tuple[LogRecord, str | None]]) -> list[bytes]:
+    """The records' leaves; a record with no JCS form (an integer beyond 2^53-1 that an older
+    release let into its data) has none, and stops the tree before it with a known failure:
+    the supervisor retries with backoff and says so in the log, while the service runs."""
+    try:
+        return leaves_of(records)
+    except Invalid as exc:
+        for record, digest in records:
+            try:
+                leaves_of([(record, digest)])
+            except Invalid:
+                break
+        raise Unavailable(
+            f"log record {record.seq} has no JCS form ({exc.message}): the tree stops before it",
+            code="log_record_unhashable",
+        ) from None
 
 
 async def _issue(

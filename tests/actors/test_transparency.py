@@ -81,3 +81,41 @@ async def test_an_altered_tree_is_a_known_failure_not_a_crash(
         (leaf,) = leaf.exceptions
     assert isinstance(leaf, Unavailable)
     assert leaf.code == "log_tree_altered"
+
+
+async def test_a_record_jcs_cannot_write_is_a_known_failure_not_a_crash(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A log record holding an integer beyond 2^53-1 (a peer's status with the tree size of a
+    checkpoint it signed, as the release before the witness refused such sizes wrote it) has no
+    JCS form, so no leaf: hashing it raised `Invalid`, a bug to the supervisor, which ended the
+    process, and every restart after it met the same record. It stops the checkpointer at the
+    record with a known failure (retried with backoff, said in the log); the service runs."""
+    from registry.changes import Change
+
+    store = MemoryStore()
+    await grow(store, 3)
+    status = {"peerDid": "did:key:zPeer", "cursor": 0, "log": {"treeSize": 2**60}}
+    rows = {
+        "peerDid": "did:key:zPeer",
+        "expectedCursor": 0,
+        "cursor": 0,
+        "status": {"head": None},
+        "replicas": [],
+        "quarantined": [],
+    }
+    [outcome] = await store.append([(Change("peer.status", None, rows, event=status), None)])
+    assert outcome.refusal is None
+    await grow(store, 2)
+    handle = TransparencyHandle()
+    with pytest.raises(BaseException) as refused:  # noqa: PT011 (a group, unwrapped below)
+        await run_checkpointer(store, KEY, KEY.did, every_seconds=1.0, handle=handle)
+    assert is_known(refused.value, KNOWN_FAILURES)  # the supervisor retries, the service runs
+    leaf = refused.value
+    while isinstance(leaf, BaseExceptionGroup):
+        (leaf,) = leaf.exceptions
+    assert isinstance(leaf, Unavailable)
+    assert leaf.code == "log_record_unhashable"
+    assert "log record 4 " in leaf.message
+    assert handle.latest is not None
+    assert handle.latest.size == 0  # the tree stops before that record's page
