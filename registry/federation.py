@@ -82,14 +82,23 @@ class PeerState:
         quarantines: int,
         policy: BreakerPolicy,
     ) -> PeerState:
+        """The state of a stored row. A status another release wrote (a breaker with other
+        members, none, not an object) is read as far as it holds: an unreadable breaker is a
+        new one (closed, no failures), replaced by this release's at the next stored change."""
+        if not isinstance(status, dict):
+            status = {}
         head = status.get("head")
         fork = status.get("logFork")
+        try:
+            breaker = Breaker.from_json(status.get("breaker"), policy)
+        except ValueError:
+            breaker = Breaker(policy=policy)
         return cls(
             peer_did=peer_did,
             cursor=cursor,
             stored_cursor=cursor,
             head=head if isinstance(head, int) and not isinstance(head, bool) else None,
-            breaker=Breaker.from_json(status.get("breaker"), policy),
+            breaker=breaker,
             quarantines=quarantines,
             log_fork=fork if isinstance(fork, str) else None,
         )

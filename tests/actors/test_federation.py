@@ -29,6 +29,7 @@ from actors.federation import (
     run_federation,
     run_peer,
 )
+from registry.breaker import Breaker
 from registry.canonical import canonicalize
 from registry.changes import Change, IdemKey, LogRecord, Outcome, rfc3339_ms
 from registry.config import FederationConfig, PeerConfig
@@ -1214,3 +1215,37 @@ async def test_a_checkpoint_beyond_safe_integers_is_not_witnessed(
     assert [r.data["consecutiveFailures"] for r in records] == [1, 0]
     assert "log" not in records[-1].data
     assert len(leaves_of([(r, None) for r in records])) == 2  # the checkpointer can hash them
+
+
+@pytest.mark.parametrize(
+    "status",
+    [
+        pytest.param(
+            {"breaker": {**Breaker().to_json(), "halfOpenTrials": 1}, "head": 9},
+            id="a_newer_breaker",
+        ),
+        pytest.param({"breaker": {"state": "closed"}, "head": 9}, id="an_older_breaker"),
+        pytest.param({"head": 9}, id="no_breaker"),
+        pytest.param(None, id="json_null"),
+        pytest.param([], id="not_an_object"),
+    ],
+)
+async def test_a_stored_status_of_another_shape_does_not_end_the_actor(
+    autojump_clock: trio.testing.MockClock, status: Any
+) -> None:
+    """A peer's stored status is read at every start of its PeerActor: a breaker another
+    release wrote (one member more or less), none, or a status that is not an object raised
+    ValueError or AttributeError there, a bug to the supervisor, which ended the process, and
+    every restart after it read the same row. Such a breaker is read as a new one (closed, no
+    failures); the cursor, a column, holds, and the next status stored is this release's."""
+    from registry.store import PeerRow
+
+    rig = make_rig()
+    rig.peer.entries(1, 2, 3)
+    rig.store._tables.peers[rig.peer.did] = PeerRow(rig.peer.did, 2, status, 0)
+    async with running(rig) as handle:
+        await rig.peer.wait_calls(1)
+        assert live(handle, rig.peer).breaker.state == "closed"
+        assert live(handle, rig.peer).cursor == 3
+    assert rig.peer.asked[0] == 2
+    assert rig.replica_seqs() == [3]
