@@ -50,7 +50,7 @@ from registry.changes import Change, IdemKey, Outcome
 from registry.config import FederationConfig, PeerConfig
 from registry.endpoints import EndpointPolicy, IPAddress, is_public, literal_address
 from registry.envelope import build_request, verify_envelope
-from registry.errors import Invalid, RegistryError
+from registry.errors import Invalid, NotFound, RegistryError
 from registry.federation import (
     PeerState,
     Quarantined,
@@ -320,8 +320,15 @@ async def run_peer(deps: PeerDeps, peer: PeerConfig) -> None:
                     # hold this actor (no pull, no failure counted) for as long as it likes.
                     with trio.fail_after(deps.config.request_timeout_seconds):
                         fork = await witness.check(witnessing)
-                except (WitnessSkipped, PeerUnreachable, trio.TooSlowError, Invalid) as exc:
-                    # (Invalid: what the peer sent, the store refused to keep.)
+                except (
+                    WitnessSkipped,
+                    PeerUnreachable,
+                    trio.TooSlowError,
+                    Invalid,
+                    NotFound,
+                ) as exc:
+                    # (Invalid: what the peer sent, the store refused to keep. NotFound: a
+                    # reload removed the peer meanwhile, and this actor is being stopped.)
                     reason = "timed out" if isinstance(exc, trio.TooSlowError) else exc
                     log.info("federation: %s's log not checked this time: %s", did, reason)
                     fork = None
@@ -446,7 +453,10 @@ class _BackPressure(Exception):
 
 
 async def _pull(deps: PeerDeps, did: str, request: dict[str, object], cursor: int) -> SyncAnswer:
-    url = (await deps.endpoint_of(did)).rstrip("/") + SYNC_PATH
+    try:
+        url = (await deps.endpoint_of(did)).rstrip("/") + SYNC_PATH
+    except NotFound as exc:  # a reload removed the peer meanwhile: this actor is being stopped
+        raise _Failed(exc.message) from None
     body = json.dumps(request, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
     try:
         with trio.fail_after(deps.config.request_timeout_seconds):

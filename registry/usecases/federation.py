@@ -49,7 +49,7 @@ from registry.envelope import (
     sync_request_payload,
     verify_envelope,
 )
-from registry.errors import Forbidden, Invalid, Unauthorized
+from registry.errors import Forbidden, Invalid, NotFound, Unauthorized
 from registry.federation import (
     PeerState,
     SourcePage,
@@ -518,11 +518,15 @@ class Federation:
         return out
 
     async def endpoint_of(self, did: str) -> str:
-        """Where to reach a peer: its self-registered endpoint, else the configured one."""
+        """Where to reach a peer: its self-registered endpoint, else the configured one;
+        `NotFound` for a peer no longer configured (a reload removed it meanwhile)."""
         registered = await self.store.get_record(PEER_RECORD, did)
         if registered is not None:
             return str(json.loads(registered.doc)["endpoint"])
-        return self.peers[did].endpoint
+        peer = self.peers.get(did)
+        if peer is None:
+            raise NotFound(f"{did} is no longer a configured peer", code="peer_unknown")
+        return peer.endpoint
 
     async def update_self(self, principal: Principal, data: Any, idem: IdemKey | None) -> Outcome:
         """PUT /v1/federation/peers/self: a peer registers where it can be reached."""

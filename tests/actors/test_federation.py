@@ -1249,3 +1249,51 @@ async def test_a_stored_status_of_another_shape_does_not_end_the_actor(
         assert live(handle, rig.peer).cursor == 3
     assert rig.peer.asked[0] == 2
     assert rig.replica_seqs() == [3]
+
+
+async def test_a_reload_that_removes_a_peer_midway_through_a_lookup_stops_its_actor_cleanly(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A reload (SIGHUP) that removes a peer while its PeerActor looks up the peer's endpoint
+    (`Federation.endpoint_of`: a registered one in the store, else the configured one), the
+    store's answer coming back before `run_federation` stops that actor: the configured one was
+    `self.peers[did]` of the new configuration, a KeyError, a bug to the supervisor, which
+    ended the process. A peer no longer configured is a failed lookup (`NotFound`), a failed
+    pull of the actor that is being stopped."""
+    from registry.changes import ChangeLog
+    from registry.config import Config
+    from registry.usecases.federation import PEER_RECORD, Federation
+
+    rig = make_rig(2)
+    first, second = rig.peers
+    first.entries(1)
+    second.entries(1)
+    handle = FederationHandle(rig.config.peers)
+    federation = Federation(
+        store=rig.store,
+        changes=ChangeLog(rig.append, rig.store),
+        config=Config(),
+        key=rig.key,
+        peer_list=lambda: handle.peers,
+    )
+    rig.endpoint_of = federation.endpoint_of  # type: ignore[method-assign]
+    lookup = rig.store.get_record
+    reload_at_lookup = False
+
+    async def get_record(kind: str, record_id: str) -> Any:
+        found = await lookup(kind, record_id)
+        if reload_at_lookup and kind == PEER_RECORD and record_id == first.did:
+            # The reload took effect while the look-up was in flight; its answer is back first.
+            handle.reconfigure([p for p in handle.peers if p.peer_did != first.did])
+        return found
+
+    rig.store.get_record = get_record  # type: ignore[method-assign]
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(run_federation, rig.deps(handle))
+        await first.wait_calls(1)
+        await second.wait_calls(1)
+        reload_at_lookup = True
+        await second.wait_calls(3)
+        assert set(handle.live()) == {second.did}
+        assert len(first.calls) == 1
+        nursery.cancel_scope.cancel()
