@@ -124,15 +124,17 @@ class HttpTransport:
         policy = self.policy()
         if policy.names(url):
             return
-        parts = urlsplit(url)
-        host = (parts.hostname or "").lower()
+        try:  # a configured endpoint is any string: `https://peer.example:99999` is a typo
+            parts = urlsplit(url)
+            host = (parts.hostname or "").lower()
+            port = parts.port or 443
+        except ValueError as exc:
+            raise PeerUnreachable(f"the endpoint is not a URL: {exc}") from None
         literal = literal_address(host)
         addresses: list[IPAddress | None] = [literal]
         if literal is None:
             try:
-                infos = await trio.socket.getaddrinfo(
-                    host, parts.port or 443, type=socket.SOCK_STREAM
-                )
+                infos = await trio.socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
             except (OSError, UnicodeError) as exc:  # UnicodeError: a name IDNA 2008 refuses
                 raise PeerUnreachable(f"cannot resolve {host}: {exc}") from None
             addresses = [literal_address(str(info[4][0])) for info in infos]

@@ -51,3 +51,28 @@ async def test_a_name_the_resolver_cannot_encode_is_refused_not_raised() -> None
         transport = HttpTransport(client, max_bytes=1024, policy=lambda: policy)
         with trio.fail_after(10), pytest.raises(PeerUnreachable, match="cannot resolve"):
             await transport.post("https://\u2603.example/v1/federation/sync", b"{}")
+
+
+@pytest.mark.parametrize(
+    "endpoint",
+    [
+        pytest.param("https://peer.example:99999", id="port_out_of_range"),
+        pytest.param("https://peer.example:https", id="port_not_a_number"),
+        pytest.param("https://[::1", id="unclosed_ipv6_literal"),
+    ],
+)
+async def test_a_configured_endpoint_no_url_parser_takes_is_refused_not_raised(
+    endpoint: str,
+) -> None:
+    """A peer's endpoint in the configuration is any string (a typo, loaded at start or by a
+    SIGHUP reload): one whose port or host `urlsplit` refuses raised ValueError out of `post`
+    before the request (the destination check read `parts.port` outside its handling), not
+    `PeerUnreachable`, so the PeerActor took it for a bug and the first pull ended the
+    process, at every start until the file was fixed. It fails each pull of that peer."""
+    policy = EndpointPolicy.of(allow_http=False, configured=[endpoint], allowed=[])
+    async with httpx.AsyncClient(transport=httpx.MockTransport(never_called)) as client:
+        transport = HttpTransport(client, max_bytes=1024, policy=lambda: policy)
+        with trio.fail_after(10), pytest.raises(PeerUnreachable, match="not a URL"):
+            await transport.post(endpoint + "/v1/federation/sync", b"{}")
+        with trio.fail_after(10), pytest.raises(PeerUnreachable, match="not a URL"):
+            await transport.get(endpoint + "/v1/log/checkpoint")
