@@ -76,7 +76,8 @@ def _log(
         "route": route,
         "status": status,
         "ms": round(seconds * 1000, 2),
-        "bytes": response.content_length or 0,
+        # A HEAD answer has the GET's Content-Length and no body (RFC 9110 §9.3.2).
+        "bytes": 0 if request.method == "HEAD" else response.content_length or 0,
         "client": client_address(deps().config),
     }
     principal = g.get("principal")

@@ -248,3 +248,24 @@ async def test_the_access_line_names_a_method_of_the_clients_own_as_other(
         ("GET", 200),
     ]
     assert all("\x1b" not in line["msg"] and len(line["msg"]) < 300 for line in lines)
+
+
+async def test_the_access_line_of_a_head_request_counts_no_body_bytes(
+    database_url: str, tmp_path: Path, access_log: Any
+) -> None:
+    """A HEAD answer carries the length of the GET's body and no body (RFC 9110 §9.3.2): the
+    line said the GET's bytes, as if they had been sent."""
+    config = make_config(database_url, tmp_path)
+
+    async def body(h: Harness) -> None:
+        client = anon_client(h)
+        assert (await client.get("/v1/health")).status_code == 200
+        assert (await client.head("/v1/health")).status_code == 200
+
+    await with_harness(config, body)
+    lines = [json.loads(line) for line in access_log.lines]
+    get, head = lines[-2:]
+    assert (get["method"], head["method"]) == ("GET", "HEAD")
+    assert get["bytes"] > 0
+    assert head["bytes"] == 0
+
