@@ -31,7 +31,7 @@ from registry.caches import FollowedCache
 from registry.config import Config
 from registry.errors import Invalid, RateLimited, TooLarge, Unauthorized, UnsupportedMediaType
 from registry.metering import DB_TIME_CLASS, db_meter
-from registry.ratelimit import Decision, client_of, joined_lines
+from registry.ratelimit import Decision, client_host_of, client_of, joined_lines
 from registry.store import Store
 from registry.usecases.anchors import Anchors
 from registry.usecases.common import Principal
@@ -131,6 +131,18 @@ def client_address(config: Config) -> str:
     scope = current_scope()
     assert scope is not None, "client_address outside a request"
     return client_of(
+        joined_lines(scope["headers"], b"x-forwarded-for"),
+        peer_address(scope),
+        config.server.trusted_proxies,
+    )
+
+
+def client_host(config: Config) -> str:
+    """The client's address as `client_address` picks it, an IPv6 one whole (not its /64):
+    what the access log names."""
+    scope = current_scope()
+    assert scope is not None, "client_host outside a request"
+    return client_host_of(
         joined_lines(scope["headers"], b"x-forwarded-for"),
         peer_address(scope),
         config.server.trusted_proxies,

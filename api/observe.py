@@ -26,7 +26,7 @@ from quart import Response, g, request
 from quart_trio import QuartTrio
 
 from api.headers import current_scope, response_header
-from api.http import client_address, deps
+from api.http import client_host, deps
 from api.metrics import METHODS, OTHER_METHOD, UNROUTED, Metrics
 
 ACCESS = logging.getLogger("registry.access")
@@ -78,7 +78,7 @@ def _log(
         "ms": round(seconds * 1000, 2),
         # A HEAD answer has the GET's Content-Length and no body (RFC 9110 §9.3.2).
         "bytes": 0 if request.method == "HEAD" else response.content_length or 0,
-        "client": client_address(deps().config),
+        "client": client_host(deps().config),
     }
     principal = g.get("principal")
     if principal is not None:

@@ -151,16 +151,37 @@ def _without_port(element: str) -> str:
     return element
 
 
-def client_of(forwarded_for: str, peer: str | None, trusted_proxies: int) -> str:
-    """The client a budget is kept for: the `trusted_proxies`-th address from the right of
-    `X-Forwarded-For` (every line of it, in order: `forwarded_for`) when that many proxies are
-    trusted, the header has that many elements and that one is an IP address; else the TCP
-    peer. (An element that is not an address was not written by a proxy that is trusted: it is
-    never used as a key, so it can neither pick a budget nor reach the access log.)"""
+def _forwarded_host(forwarded_for: str, trusted_proxies: int) -> str | None:
+    """The `trusted_proxies`-th element from the right of `X-Forwarded-For` (every line of it,
+    in order: `forwarded_for`), without a port, when that many proxies are trusted, the header
+    has that many elements and that one is an IP address; else None."""
     if trusted_proxies:
         forwarded = [p.strip() for p in forwarded_for.split(",") if p.strip()]
         if len(forwarded) >= trusted_proxies:
-            key = address_key(_without_port(forwarded[-trusted_proxies]))
-            if key is not None:
-                return key
+            host = _without_port(forwarded[-trusted_proxies])
+            if address_key(host) is not None:
+                return host
+    return None
+
+
+def client_of(forwarded_for: str, peer: str | None, trusted_proxies: int) -> str:
+    """The client a budget is kept for: `address_key` of the `trusted_proxies`-th address from
+    the right of `X-Forwarded-For` (`_forwarded_host`); else of the TCP peer. (An element that
+    is not an address was not written by a proxy that is trusted: it is never used as a key, so
+    it can neither pick a budget nor reach the access log.)"""
+    host = _forwarded_host(forwarded_for, trusted_proxies)
+    if host is not None:
+        return address_key(host) or host
     return client_key(peer) if peer else "unknown"
+
+
+def client_host_of(forwarded_for: str, peer: str | None, trusted_proxies: int) -> str:
+    """The client's address as `client_of` picks it, whole: an IPv6 address itself, not the
+    /64 its budgets are kept for (what the access log names); an IPv4-mapped one as IPv4."""
+    host = _forwarded_host(forwarded_for, trusted_proxies) or peer
+    if not host:
+        return "unknown"
+    address = ipaddress.ip_address(host) if address_key(host) is not None else None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return str(address.ipv4_mapped)
+    return str(address) if address is not None else host

@@ -269,3 +269,24 @@ async def test_the_access_line_of_a_head_request_counts_no_body_bytes(
     assert get["bytes"] > 0
     assert head["bytes"] == 0
 
+
+async def test_the_access_line_names_an_ipv6_client_by_its_address(
+    database_url: str, tmp_path: Path, access_log: Any
+) -> None:
+    """The budgets count an IPv6 client by its /64; the line named that prefix, so an operator
+    could not tell which host of it sent the request."""
+    config = make_config(database_url, tmp_path, server={"trusted_proxies": 1})
+
+    async def body(h: Harness) -> None:
+        client = anon_client(h)
+        for forwarded in ("2001:db8:1:2::5", "[2001:db8:1:2::7]:443", "::ffff:192.0.2.9"):
+            r = await client.get("/v1/health", headers={"X-Forwarded-For": forwarded})
+            assert r.status_code == 200
+
+    await with_harness(config, body)
+    lines = [json.loads(line) for line in access_log.lines]
+    assert [line["client"] for line in lines[-3:]] == [
+        "2001:db8:1:2::5",
+        "2001:db8:1:2::7",
+        "192.0.2.9",
+    ]
