@@ -354,6 +354,20 @@ class Config(_Section):
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
 
 
+# What a running process applies on SIGHUP (service/serve.py); every other key needs a restart.
+RELOADABLE = frozenset({"federation.peers", "auth.admin_dids"})
+
+
+def changed_keys(running: Config, fresh: Config) -> list[str]:
+    """The keys (`section.key`) whose values differ between two configurations, sorted."""
+    changed = []
+    for section in Config.model_fields:
+        before = getattr(running, section).model_dump()
+        after = getattr(fresh, section).model_dump()
+        changed += [f"{section}.{k}" for k in before if before[k] != after.get(k)]
+    return sorted(changed)
+
+
 ENV_PREFIX = "REGISTRY_"
 
 

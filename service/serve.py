@@ -25,7 +25,7 @@ import trio_asyncio
 from hypercorn.config import Config as HyperConfig
 
 from api.identity import HttpIdentityResolver
-from registry.config import Config
+from registry.config import RELOADABLE, Config, changed_keys
 from registry.identity import DidKeyIdentity, IdentityResolver
 from registry.keys import SigningKey, load_or_create_key
 from registry.store.embedded import EmbeddedPostgres
@@ -153,8 +153,8 @@ async def _watch_signals(stop: trio.Event) -> None:
 
 async def _watch_reloads(reload: Callable[[], Config], service: Service) -> None:
     """SIGHUP: read the configuration again and apply what can change while running (the
-    federation peers, `auth.admin_dids`); anything else needs a restart. A bad file is logged
-    and ignored."""
+    federation peers, `auth.admin_dids`); anything else needs a restart, and the keys changed
+    that are not applied are named. A bad file is logged and ignored."""
     with trio.open_signal_receiver(signal.SIGHUP) as signals:
         async for _ in signals:
             try:
@@ -162,6 +162,13 @@ async def _watch_reloads(reload: Callable[[], Config], service: Service) -> None
             except Exception as exc:  # a bad file must not stop a running registry
                 log.error("configuration reload refused, keeping the running one: %s", exc)
                 continue
+            ignored = [k for k in changed_keys(service.config, fresh) if k not in RELOADABLE]
+            if ignored:
+                log.warning(
+                    "configuration reload: %s changed, not applied: they take effect at the"
+                    " next restart",
+                    ", ".join(ignored),
+                )
             before = {p.peer_did for p in service.federation.peers}
             after = {p.peer_did for p in fresh.federation.peers}
             service.federation.reconfigure(fresh.federation.peers)

@@ -6,6 +6,8 @@ import signal
 import time
 from pathlib import Path
 
+import httpx
+
 from cli.client import RegistryClient
 from registry.keys import SigningKey
 from tests.db.proc import run_server
@@ -36,3 +38,24 @@ def test_an_admin_added_to_the_file_is_granted_at_the_next_sign_in_after_sighup(
         with RegistryClient(server.url) as client:
             client.sign_in(key)
             assert client._request("GET", "/v1/health/deep")["status"] in ("ok", "degraded")
+
+
+def test_a_reload_names_the_changed_keys_it_does_not_apply(
+    database_url: str, tmp_path: Path
+) -> None:
+    """Only the peers and `auth.admin_dids` change while running. A reload of a file that
+    changed others said `configuration reloaded` and nothing else, as if they had taken
+    effect; it names them and says they need a restart."""
+    config = tmp_path / "registry.toml"
+    config.write_text("[metrics]\nopen = false\n")
+    with run_server(tmp_path / "node", database_url=database_url, config=config) as server:
+        config.write_text("[metrics]\nopen = true\n[anchoring]\nbatch_size = 7\n")
+        server.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + DEADLINE_S
+        while "configuration reloaded" not in server.output():
+            assert time.monotonic() < deadline, server.output()
+            time.sleep(0.05)
+        [line] = [x for x in server.output().splitlines() if "not applied" in x]
+        assert "anchoring.batch_size, metrics.open" in line
+        assert "restart" in line
+        assert httpx.get(f"{server.url}/metrics").status_code == 401  # still closed
