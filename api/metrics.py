@@ -57,6 +57,11 @@ class Metrics:
         for source in sources:
             self.registry.register(_Source(source))
 
+    def add_source(self, source: Callable[[], Iterable[Metric]]) -> None:
+        """Read `source` at every scrape too (what is made after the app, e.g. the server's
+        connection guard)."""
+        self.registry.register(_Source(source))
+
     def observe_request(self, route: str, method: str, status: int, seconds: float) -> None:
         """Count one answered request. `route` is a route template or UNROUTED (a bounded set);
         a method outside METHODS is counted as OTHER_METHOD."""

@@ -12,8 +12,9 @@ too) is timed from the moment the app sees it to its response, and then:
   refusals by rate limit, by bucket class; idempotent replays by route.
 
 Requests refused before the app (a malformed frame answered by `api/framing.py`, a connection
-refused by `ws/transport.py`) and WebSocket connections are not requests of the app: they have
-their own counters (`ws/transport.py`, the event stream's).
+refused or cut by `ws/transport.py`) and WebSocket connections are not requests of the app. The
+connections are counted by `ws/transport.py` (`registry_connections_*`), the event sockets by
+the event stream; an ambiguous frame only by the 400 its client gets.
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ from registry.store import HealthStore
 from registry.store.pg import RoutedPgStore
 from registry.store.pool import RETRY_SECONDS
 from ws.events import EventDeps
+from ws.transport import ConnectionGuard
 
 BREAKER_STATES = ("closed", "open", "half_open")
 
@@ -58,6 +59,32 @@ def collectors(s: Sources) -> list[Callable[[], Iterable[Metric]]]:
         lambda: _anchoring(s),
         lambda: _transparency(s),
     ]
+
+
+def connections(guard: ConnectionGuard) -> Iterable[Metric]:
+    """The server's connections (ws/transport.py): those refused or cut there never reach the
+    app, so no request series or access line shows them."""
+    stats = guard.statistics()
+    yield _gauge("registry_connections_open", "Open TCP connections", stats["open"])
+    yield _counter(
+        "registry_connections_refused",
+        "Connections refused over a cap (503 too_many_connections, docs/limits.md)",
+        stats["refused"],
+    )
+    cut = CounterMetricFamily(
+        "registry_connections_cut",
+        "Connections cut for a deadline: request (its head or body did not come in time),"
+        " send (the client took nothing)",
+        labels=["reason"],
+    )
+    for reason, count in sorted(guard.cut.items()):
+        cut.add_metric([reason], count)
+    yield cut
+    yield _counter(
+        "registry_connections_failed",
+        "Connections dropped for a protocol error Hypercorn did not handle",
+        stats["failed"],
+    )
 
 
 def _counter(name: str, text: str, value: float) -> CounterMetricFamily:

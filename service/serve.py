@@ -17,6 +17,7 @@ import resource
 import signal
 from collections.abc import Callable, Iterator
 from contextlib import AsyncExitStack, contextmanager
+from functools import partial
 from pathlib import Path
 
 import hypercorn.trio
@@ -32,6 +33,7 @@ from registry.store.embedded import EmbeddedPostgres
 from registry.store.migrate import migrate
 from registry.store.pg import open_pg_store
 from service.memory import malloc_trimmer, trim_every
+from service.metrics import connections
 from service.wiring import Service, open_service
 from ws.transport import (
     GUARD_ATTRIBUTE,
@@ -277,6 +279,7 @@ async def _serve(
 
     async with trio_asyncio.open_loop(), AsyncExitStack() as stack:
         service = await _start(config, stack, data_dir, key, stop)
+        service.deps.metrics.add_source(partial(connections, guard))
         app = service.app
 
         async with trio.open_nursery() as nursery:

@@ -119,6 +119,7 @@ class ConnectionGuard:
         self.total = 0
         self.refused = 0
         self.failed = 0
+        self.cut: dict[str, int] = {"request": 0, "send": 0}  # by `FrameStream.cut_for`
         self._rate = Rate(limits.connections_per_minute_per_client)
         self._opened: dict[str, Bucket] = {}  # new connections per address (a token bucket)
         self._last_warning = -math.inf
@@ -165,6 +166,10 @@ class ConnectionGuard:
         handle); returns how many so far."""
         self.failed += 1
         return self.failed
+
+    def connection_cut(self, reason: str) -> None:
+        """Count a connection cut for a deadline (`FrameStream.cut_for`)."""
+        self.cut[reason] += 1
 
     def statistics(self) -> dict[str, int]:
         return {
@@ -394,6 +399,9 @@ class FrameStream(trio.abc.HalfCloseableStream):
         self._opening: bytes | None = b""
         self.sealed = False  # a close frame went out: nothing may follow it
         self.stalled_since: float | None = None
+        # Why a deadline cut the connection: "request" (its head or body did not come in
+        # time), "send" (the client took nothing); None otherwise (an idle one is closed).
+        self.cut_for: str | None = None
 
     @property
     def socket(self) -> trio.socket.SocketType:
@@ -468,6 +476,7 @@ class FrameStream(trio.abc.HalfCloseableStream):
             with trio.move_on_at(self.stalled_since + send_timeout) as waiting:
                 await trio.lowlevel.wait_writable(self._inner.socket)
             if waiting.cancelled_caught:
+                self.cut_for = "send"
                 self.cut()
                 raise trio.BrokenResourceError(f"the client took no data for {send_timeout:g}s")
         await trio.lowlevel.checkpoint()
@@ -635,6 +644,8 @@ class FrameStream(trio.abc.HalfCloseableStream):
             finally:
                 self._read_scope = None
         if scope.cancelled_caught:
+            if self._request_since is not None or self.http2:  # (else: idle, kept alive)
+                self.cut_for = "request"
             self.cut()
             raise trio.TooSlowError
         if not data and self._owed and not (self.websocket or self.http2):
@@ -651,6 +662,7 @@ class FrameStream(trio.abc.HalfCloseableStream):
                 finally:
                     self._read_scope = None
             if scope.cancelled_caught:
+                self.cut_for = "request"
                 self.cut()
                 raise trio.TooSlowError
             return data
@@ -970,6 +982,8 @@ def install_in_hypercorn() -> bool:
                 await self._serve(frames)
             finally:
                 guard.release(key)
+                if frames is not None and frames.cut_for is not None:
+                    guard.connection_cut(frames.cut_for)
 
         async def _serve(self, frames: FrameStream | None) -> None:
             """Hypercorn's connection, in a scope the stream can end (`FrameStream.cut`). A

@@ -11,6 +11,9 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
 from tests.db.proc import Server, run_server
 from tests.hostile.conftest import SETTINGS
 from tests.hostile.raw import (
@@ -19,6 +22,17 @@ from tests.hostile.raw import (
     health_from,
     read_until_closed,
 )
+
+
+def connection_counts(server: Server) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The `registry_connections_*` samples of the server's metrics, by name and labels."""
+    got = httpx.get(f"{server.url}/metrics", timeout=10).text
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(got)
+        for s in family.samples
+        if s.name.startswith("registry_connections_")
+    }
 
 
 def test_connection_close_is_honoured(server: Server) -> None:
@@ -284,3 +298,28 @@ def test_each_request_of_a_kept_alive_connection_is_answered_for_its_own_head(
 def _header_lines(answer: bytes) -> list[tuple[str, str]]:
     head = answer.split(b"\r\n\r\n", 1)[0].decode("latin-1").split("\r\n")[1:]
     return [(n.strip().lower(), v.strip()) for n, _, v in (line.partition(":") for line in head)]
+
+
+def test_connections_refused_or_cut_are_counted_in_the_metrics(server: Server) -> None:
+    """A connection refused over a cap, or cut because its request stopped coming, never
+    reaches the app: it left no request in the metrics and no access line, so an operator
+    could not see a flood or a slow-loris at all (only a refusal's log line, once every 10 s)."""
+    before = connection_counts(server)
+    cut = ("registry_connections_cut_total", (("reason", "request"),))
+    refused = ("registry_connections_refused_total", ())
+    assert ("registry_connections_open", ()) in before
+    sock = connect(server.url, "127.0.0.4")
+    sock.sendall(b"POST /v1/discover HTTP/1.1\r\nHost: r\r\nContent-Length: 10\r\n\r\n{")
+    _, closed = read_until_closed(sock, limit=8)
+    sock.close()
+    assert closed
+    with ExitStack() as stack:
+        held = [stack.enter_context(connect(server.url, "127.0.0.4")) for _ in range(PER_CLIENT)]
+        held[-1].sendall(b"GET /v1/health HTTP/1.1\r\nHost: r\r\n\r\n")
+        assert held[-1].recv(12) == b"HTTP/1.1 200"
+        extra = stack.enter_context(connect(server.url, "127.0.0.4"))
+        assert read_until_closed(extra, limit=5)[1]
+        after = connection_counts(server)
+        assert after[("registry_connections_open", ())] >= PER_CLIENT
+    assert after[cut] - before.get(cut, 0) == 1
+    assert after[refused] - before.get(refused, 0) >= 1
