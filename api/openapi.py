@@ -215,6 +215,11 @@ def _schemas() -> dict[str, Any]:
     schemas.update(document_schemas())
     federated = copy.deepcopy(schemas["DiscoverRequest"])
     federated["required"] = ["entryType"]
+    # Required, and not null: null is "all types" only where entryType may be left out.
+    entry_type = federated["properties"]["entryType"]
+    federated["properties"]["entryType"] = next(
+        alternative for alternative in entry_type["anyOf"] if alternative.get("type") == "string"
+    )
     federated["description"] = "A DiscoverRequest with entryType required; paged by cursor only"
     federated["properties"]["offset"] = {"enum": [0, None]}
     schemas["FederatedQuery"] = federated
