@@ -248,6 +248,7 @@ def _replica(s: Sources) -> Iterable[Metric]:
 
 def _peers(s: Sources) -> Iterable[Metric]:
     states = s.federation.live()
+    now = s.now_ms()
     label = ["peer"]
     breaker = GaugeMetricFamily(
         "registry_peer_breaker_state",
@@ -288,8 +289,11 @@ def _peers(s: Sources) -> Iterable[Metric]:
         if state.witnessed_size is not None:
             witnessed.add_metric([did], state.witnessed_size)
         inconsistent.add_metric([did], int(state.log_fork is not None))
+        # As GET /v1/admin/federation/peers shows it: an open breaker whose cooldown has
+        # passed is half-open (its trial is due or under way).
+        shown = state.breaker.state_at(now)
         for name in BREAKER_STATES:
-            breaker.add_metric([did, name], int(state.breaker.state == name))
+            breaker.add_metric([did, name], int(shown == name))
         failures.add_metric([did], state.breaker.consecutive_failures)
         cursor.add_metric([did], state.cursor)
         lag.add_metric([did], state.lag)

@@ -13,6 +13,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cli.main import JsonFormatter
+from registry.breaker import Breaker
+from registry.federation import PeerState
 from registry.keys import SigningKey
 from tests.api.api_support import anon_client, error_of, with_harness
 from tests.api.test_events import closed_with, events, subscribe
@@ -290,3 +292,40 @@ async def test_the_access_line_names_an_ipv6_client_by_its_address(
         "2001:db8:1:2::7",
         "192.0.2.9",
     ]
+
+
+async def test_a_peer_breaker_past_its_cooldown_is_half_open_in_the_metrics_as_in_the_admin_view(
+    database_url: str, tmp_path: Path
+) -> None:
+    # docs/operations.md: the peer series show each peer as GET /v1/admin/federation/peers
+    # does. The actor stores `open` until its trial; once the cooldown has passed, both say
+    # half_open (the metric said open, the view half_open).
+    peer = SigningKey.generate()
+    config = make_config(
+        database_url,
+        tmp_path,
+        metrics={"open": True},
+        # discover only: no PeerActor writes the state this test sets
+        federation={
+            "peers": [
+                {"peer_did": peer.did, "endpoint": "http://127.0.0.1:9", "kinds": ["discover"]}
+            ]
+        },
+    )
+
+    async def body(h: Harness) -> None:
+        handle = h.service.federation
+        handle.leader = True
+        now = h.deps.federation.clock_ms()
+        for due, shown in ((now + 60_000, "open"), (now - 1, "half_open")):
+            opened = Breaker(state="open", consecutive_failures=5, next_attempt_at_ms=due)
+            handle.states[peer.did] = PeerState(peer.did, breaker=opened)
+            got = samples((await (await anon_client(h).get("/metrics")).get_data()).decode())
+            states = {
+                dict(labels)["state"]: value
+                for (name, labels), value in got.items()
+                if name == "registry_peer_breaker_state" and dict(labels)["peer"] == peer.did
+            }
+            assert states == {s: float(s == shown) for s in ("closed", "open", "half_open")}
+
+    await with_harness(config, body)
