@@ -36,9 +36,10 @@ from tests.api.test_federation import (
     new_keys,
     open_quiet_harness,
     origin_version,
+    with_quiet_harness,
 )
-from tests.conftest import make_config
-from tests.helpers import bearer, new_did, sign_in
+from tests.conftest import Harness, make_config
+from tests.helpers import bearer, idem, new_did, sign_in, signed_entry
 
 FEDERATED = "/v1/discover/federated"
 
@@ -261,3 +262,54 @@ async def test_a_source_paged_past_offset_10000_ends_and_every_cursor_issued_is_
     assert asked == [1000 * n for n in range(11)]  # up to the bound, each offset once
     assert pages == 11
     assert peer_report(body, f.peer.did)["status"] == "ok"
+
+
+async def test_a_federated_cursor_over_many_peers_is_accepted_back(
+    database_url: str, tmp_path: Path
+) -> None:
+    """The cursor names every peer that failed (none is asked again on later pages): with 120
+    of them it was ~9,600 characters, over the 4,096 the registry took back, and paging ended
+    400 invalid_cursor on the registry's own cursor."""
+    peers = [
+        PeerConfig(
+            peer_did=SigningKey.generate().did,
+            endpoint="http://127.0.0.1:9/p",
+            agreement_ids=["default"],
+            kinds=["discover"],
+        )
+        for _ in range(120)
+    ]
+    config = make_config(database_url, tmp_path)
+    config = config.model_copy(
+        update={"federation": config.federation.model_copy(update={"peers": peers})}
+    )
+    publisher = SigningKey.generate()
+
+    async def unreachable(url: str, body: bytes) -> tuple[int, bytes]:
+        raise OSError("unreachable")
+
+    async def body(h: Harness) -> None:
+        h.deps.federation.call = unreachable
+        token = await sign_in(anon_client(h), publisher)
+        published = set()
+        for _ in range(3):
+            entry = signed_entry(publisher)
+            r = await h.client.post("/v1/entries", json=entry, headers=bearer(token, **idem()))
+            assert r.status_code == 201, await r.get_data()
+            published.add(entry["entryDid"])
+        seen: list[str] = []
+        query: dict[str, Any] = {"entryType": "*", "limit": 1}
+        for _ in range(3):
+            r = await anon_client(h).post(FEDERATED, json=query, headers=bearer(token))
+            page = await r.get_json()
+            assert r.status_code == 200, page
+            assert page["federation"]["partial"] is True
+            seen += [e["entryDid"] for e in page["entries"]]
+            if not page["hasMore"]:
+                break
+            assert len(page["cursor"]) > 4096  # what the registry took back before
+            query = {**query, "cursor": page["cursor"]}
+        assert sorted(seen) == sorted(published)
+        assert not page["hasMore"]
+
+    await with_quiet_harness(config, body)
