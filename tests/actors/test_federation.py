@@ -718,6 +718,52 @@ async def test_a_restarted_actor_keeps_the_breaker_open(
         )
 
 
+async def test_a_breaker_stored_by_a_clock_far_ahead_waits_no_longer_than_the_longest_cooldown(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A leader whose clock ran a day ahead stored the breaker open until a day from now (our
+    clock). Waited out as stored, the peer was not pulled for a day; no wait of the breaker is
+    longer than its longest cooldown (10 min), so the trial comes by then."""
+    rig = make_rig()
+    peer = rig.peer
+    peer.entries(1)
+    day_ahead = Breaker(
+        state="open",
+        consecutive_failures=5,
+        next_attempt_at_ms=now_ms() + 86_400_000,
+        cooldown_ms=30_000,
+    )
+    ahead = PeerState(peer.did, breaker=day_ahead)
+    [stored] = await rig.store.append(
+        [
+            (
+                Change(
+                    "peer.status",
+                    None,
+                    {
+                        "peerDid": peer.did,
+                        "expectedCursor": 0,
+                        "cursor": 0,
+                        "status": ahead.to_stored(),
+                        "replicas": [],
+                        "quarantined": [],
+                    },
+                    event=ahead.status_json(now_ms()),
+                ),
+                None,
+            )
+        ]
+    )
+    assert stored.refusal is None
+    started = trio.current_time()
+    async with running(rig) as handle:
+        with trio.fail_after(601):
+            await peer.wait_calls(1)
+        assert peer.calls[0] - started == pytest.approx(600.0)
+        await trio.testing.wait_all_tasks_blocked()
+        assert live(handle, peer).cursor == 1
+
+
 async def test_a_cursor_moved_by_another_leader_is_reloaded_not_overwritten(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
