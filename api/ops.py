@@ -63,12 +63,28 @@ async def _checks() -> dict[str, str]:
         # condition of the database (a full disk) and none has succeeded since.
         refused = read_only or _write_refusal(d.write_condition())
         checks["writes"] = "ok" if refused is None else f"failing: {refused}"
-    except (RegistryError, trio.TooSlowError, OSError) as exc:
+    except trio.TooSlowError:
+        if _pool_busy(d.store.pool_statistics()):
+            # Every pooled connection is at work and the probe waited in line: the database
+            # answers, slowly. Degraded, not failing: every process shares it, and a load
+            # balancer that dropped each busy node would drop them all at once.
+            checks["database"] = "busy: no pooled connection came free within 2 s"
+        else:
+            checks["database"] = "failing: TooSlowError"
+    except (RegistryError, OSError) as exc:
         code = exc.code if isinstance(exc, RegistryError) else type(exc).__name__
         checks["database"] = f"failing: {code}"
     live = all(cache.enabled for cache in d.caches)
     checks["cache"] = "ok" if live else "degraded: not following the log live"
     return checks
+
+
+def _pool_busy(stats: dict[str, int]) -> bool:
+    """Whether every connection the pool may have is open and in use: its most, or as many
+    as PostgreSQL admits (it refused more)."""
+    if not stats or not stats["open"] or stats["in_use"] < stats["open"]:
+        return False
+    return stats["open"] >= stats["max"] or stats["held_back"] > 0
 
 
 # What only a write can show: a full disk (reads, and the read-only probe, go on working).
@@ -87,7 +103,7 @@ def _status(checks: dict[str, str]) -> str:
     """`failing` (503) when the database cannot be used at all; `degraded` (200) when it
     serves reads but refuses writes, or a cache is not live: reads go on, so a load balancer
     should keep the node."""
-    if checks.get("database") != "ok":
+    if checks.get("database", "").startswith("failing"):
         return "failing"
     return "ok" if all(v == "ok" for v in checks.values()) else "degraded"
 

@@ -174,9 +174,10 @@ class LeanPool:
         self._returned = asyncio.Event()
 
     def statistics(self) -> dict[str, int]:
-        """Connections open, in use (taken, not given back), callers waiting for one, and
-        those held back (the pool lacks them while PostgreSQL refuses more)."""
+        """The most it opens, connections open, in use (taken, not given back), callers waiting
+        for one, and those held back (the pool lacks them while PostgreSQL refuses more)."""
         return {
+            "max": self._max_size,
             "open": len(self._all),
             "in_use": len(self._all) - len(self._idle),
             "waiting": self._waiting,

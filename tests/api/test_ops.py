@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import trio
 import trio.lowlevel
+import trio_asyncio
 
 from registry.keys import SigningKey
 from tests.api.api_support import anon_client, error_of, with_harness
@@ -291,3 +292,30 @@ async def test_a_did_taken_out_of_admin_dids_loses_admin_in_its_open_sessions(
         assert r.status_code == 200, await r.get_data()
 
     await with_harness(make_config(database_url, tmp_path), removed)
+
+
+async def test_health_is_degraded_not_failing_while_every_pooled_connection_is_busy(
+    database_url: str, tmp_path: Path
+) -> None:
+    # A load balancer drops a node whose health is 503. Every process of a deployment shares
+    # the database: under a load that keeps each process's pool busy past the probe's 2 s,
+    # they would all be dropped at once. Busy is degraded (200); a database that does not
+    # answer is still failing.
+    config = make_config(database_url, tmp_path)
+
+    async def body(h: Harness) -> None:
+        pool = h.store._pool  # the test holds every connection of the pool itself
+        held = []
+        while pool.statistics()["in_use"] < pool.statistics()["max"]:
+            held.append(await trio_asyncio.aio_as_trio(pool.take)())
+        r = await anon_client(h).get("/v1/health")
+        health = await r.get_json()
+        assert r.status_code == 200, health
+        assert health["status"] == "degraded"
+        assert health["checks"]["database"].startswith("busy:")
+        for conn in held:
+            pool.give_back(conn)
+        r = await anon_client(h).get("/v1/health")
+        assert (r.status_code, (await r.get_json())["status"]) == (200, "ok")
+
+    await with_harness(config, body)
