@@ -735,6 +735,7 @@ class EventSink:
         texts: list[str] = []
         lapsed = False
         upto: int | None = None
+        revoked = connection.revoked  # as it was: a batch refused is read again, logout too
         for record in batch.records:
             connection._note_revocation(record)
             if record.public and self.admits.admits(record):
@@ -750,6 +751,7 @@ class EventSink:
             if put != "ok":
                 if put == "gone":
                     self.ended = "gone"
+                connection.revoked = revoked  # nothing of the batch was handed over
                 return put
             connection.deps.messages_sent += len(texts)
         if lapsed:

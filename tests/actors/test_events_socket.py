@@ -909,3 +909,37 @@ async def test_a_subscription_made_after_the_admin_session_ended_gets_no_admin_k
         await events.store.append([(peer_status(), None)])
         await events.store.append([(version("entry.created", new_did(), None), None)])
         assert await client.events(1) == [2]  # the entry event; the peer.status one is filtered
+
+
+async def test_a_logout_in_a_batch_that_overflowed_does_not_end_the_admin_events_before_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The ordinary path reads on from the log after an overflow. The batch refused as `slow`
+    (nothing of it handed over) must leave no trace: a logout in it was noted all the same, so
+    the re-read closed the socket 4401 before the admin-only events that precede the logout."""
+    async with open_events(queue_size=2) as events:
+        admin = StubSessions.TOKENS["admin-token"]
+        await events.store.put_challenge("n", {}, 2**62)
+        assert await events.store.open_session("n", admin.token_hash, admin.session)
+        client = events.connect()
+        await client.sock.put({"type": "auth", "token": "admin-token"})
+        assert (await client.sock.get())["admin"] is True
+        assert await client.subscribe(kinds=["peer.status"], fromSequence=0) == 0
+        await events.store.append([(peer_status(), None)])
+        assert await client.events(1) == [1]
+        client.sock.stall()
+        await events.store.append([(peer_status(), None)])  # 2 is being sent
+        await trio.testing.wait_all_tasks_blocked()
+        revoke = {"tokenHash": admin.token_hash.hex()}
+        # 3, 4 and 5 overflow the queue (2): the batch is refused whole, the logout (6) in it.
+        await events.store.append(
+            [(peer_status(), None)] * 3 + [(Change("session.revoked", None, revoke, revoke), None)]
+        )
+        await trio.testing.wait_all_tasks_blocked()
+        assert events.logs.statistics().dropped_slow == 1
+        client.sock.resume()
+        with trio.fail_after(60):
+            assert await client.events(4) == [2, 3, 4, 5]  # all before the logout
+        await events.store.append([(peer_status(), None)])  # the first after it: 4401
+        await trio.testing.wait_all_tasks_blocked()
+        assert reason(client) == {"code": "session_invalid", "lastSequence": 6}
