@@ -220,6 +220,10 @@ def _schemas() -> dict[str, Any]:
     federated["properties"]["entryType"] = next(
         alternative for alternative in entry_type["anyOf"] if alternative.get("type") == "string"
     )
+    # The cursor names every peer that failed (~80 characters each): no bound but the body's
+    # (limits.query_body_bytes, docs/federation.md), unlike a local query's.
+    for alternative in federated["properties"]["cursor"]["anyOf"]:
+        alternative.pop("maxLength", None)
     federated["description"] = "A DiscoverRequest with entryType required; paged by cursor only"
     federated["properties"]["offset"] = {"enum": [0, None]}
     schemas["FederatedQuery"] = federated

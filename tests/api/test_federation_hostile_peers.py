@@ -313,3 +313,20 @@ async def test_a_federated_cursor_over_many_peers_is_accepted_back(
         assert not page["hasMore"]
 
     await with_quiet_harness(config, body)
+
+
+async def test_the_openapi_document_bounds_a_federated_cursor_only_by_the_body(
+    database_url: str, tmp_path: Path
+) -> None:
+    # docs/federation.md: the cursor grows with the peers (~80 characters each) and has no
+    # bound but the body's. FederatedQuery, a copy of DiscoverRequest, kept its 8,192: the
+    # registry's own cursor over 120 peers (~9,600, the test above) was schema-invalid.
+    async def body(h: Harness) -> None:
+        r = await anon_client(h).get("/v1/openapi.json")
+        schemas = (await r.get_json())["components"]["schemas"]
+        cursor = schemas["FederatedQuery"]["properties"]["cursor"]
+        [text] = [a for a in cursor["anyOf"] if a.get("type") == "string"]
+        assert "maxLength" not in text
+        assert text["minLength"] == 1
+
+    await with_quiet_harness(make_config(database_url, tmp_path), body)
