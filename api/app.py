@@ -82,7 +82,7 @@ def create_app(dependencies: Deps) -> QuartTrio:
     app = _new_app()
     limits = dependencies.config.limits
     app.config["MAX_CONTENT_LENGTH"] = max(
-        limits.entry_body_bytes,
+        limits.accept_body_bytes,  # the entry's limit and an accept's envelope
         limits.query_body_bytes,
         limits.federation_body_bytes,
         limits.small_body_bytes,

@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,8 +24,15 @@ from registry.models import parse_datetime
 from registry.trust import sign_offer
 from registry.usecases.common import now_ms
 from registry.vc import issue_credential
-from tests.api.api_support import JSON, anon_client, create, error_of, total_versions
-from tests.conftest import Harness
+from tests.api.api_support import (
+    JSON,
+    anon_client,
+    create,
+    error_of,
+    total_versions,
+    with_harness,
+)
+from tests.conftest import Harness, make_config
 from tests.helpers import bearer, idem, next_version, sign_in, signed_entry
 
 DAY_MS = 24 * 3600 * 1000
@@ -52,6 +60,10 @@ class World:
 
 @pytest.fixture
 async def world(harness: Harness) -> World:
+    return await make_world(harness)
+
+
+async def make_world(harness: Harness) -> World:
     owner, recipient, other = SigningKey.generate(), SigningKey.generate(), SigningKey.generate()
     owner_t, recipient_t, other_t = [
         await sign_in(harness.client, k) for k in (owner, recipient, other)
@@ -582,7 +594,25 @@ async def test_an_entry_as_large_as_an_entry_body_may_be_transferred(world: Worl
     # The accept body is {"entry": ...} around the entry with its sequence: 23 bytes more
     # than the entry's create body here. With the entry body's own limit, an entry created at
     # that limit could be offered but never accepted (413).
-    w = world
+    await transfer_an_entry_at_the_limit(world)
+
+
+async def test_an_entry_at_the_limit_may_be_transferred_when_no_other_body_limit_is_larger(
+    database_url: str, tmp_path: Path
+) -> None:
+    # The app's own cap (Quart's MAX_CONTENT_LENGTH) is the largest admission limit: where
+    # that is the entry's (federation_body_bytes no larger), it refused the accept with 413
+    # before the route's limit (limits.accept_body_bytes) was asked.
+    limits = {"entry_body_bytes": 1024 * 1024, "federation_body_bytes": 1024 * 1024}
+
+    async def body(h: Harness) -> None:
+        await transfer_an_entry_at_the_limit(await make_world(h))
+
+    await with_harness(make_config(database_url, tmp_path, limits=limits), body)
+
+
+async def transfer_an_entry_at_the_limit(w: World) -> None:
+    """Create an entry exactly as large as an entry body may be, offer it, and accept it."""
     limit = w.h.config.limits.entry_body_bytes
     entry = sized_entry(w.owner, limit)
     r = await w.h.client.post(
