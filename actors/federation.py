@@ -44,7 +44,7 @@ import trio
 
 from actors.supervisor import supervise
 from actors.witness import PeerWitness, WitnessDeps, WitnessSkipped
-from registry.breaker import DEFAULT_POLICY, Breaker, BreakerPolicy
+from registry.breaker import DEFAULT_POLICY, BreakerPolicy
 from registry.canonical import parse_strict
 from registry.changes import Change, IdemKey, Outcome
 from registry.config import FederationConfig, PeerConfig
@@ -312,15 +312,8 @@ async def run_peer(deps: PeerDeps, peer: PeerConfig) -> None:
         while True:
             now = deps.clock_ms()
             breaker = state.breaker
-            wait_ms = breaker.next_attempt_at_ms - now
-            longest = _longest_wait_ms(breaker)
-            if wait_ms > longest:
-                # Set by a clock ahead of ours (another leader's, or ours before it was set
-                # back): no wait of the breaker is longer than its longest cooldown.
-                breaker = replace(breaker, next_attempt_at_ms=now + longest)
-                state = replace(state, breaker=breaker)
-                deps.handle.states[did] = state
-                wait_ms = longest
+            # (A next attempt further away than any wait of the policy is due now: `due`.)
+            wait_ms = 0 if breaker.due(now) else breaker.next_attempt_at_ms - now
             if wait_ms > 0 and (breaker.state != "closed" or breaker.consecutive_failures):
                 await trio.sleep(wait_ms / 1000)
                 continue
@@ -409,13 +402,6 @@ async def run_peer(deps: PeerDeps, peer: PeerConfig) -> None:
                 await trio.lowlevel.checkpoint()
                 continue
             await trio.sleep(settings.poll_seconds)
-
-
-def _longest_wait_ms(breaker: Breaker) -> int:
-    """The longest a breaker ever waits by its policy: its longest cooldown, the trial's
-    timeout, the longest backoff while closed."""
-    policy = breaker.policy
-    return max(policy.max_cooldown_ms, policy.trial_timeout_ms, int(policy.retry.maximum * 1000))
 
 
 class _Fetch:

@@ -45,6 +45,12 @@ class BreakerPolicy:
     trial_timeout_ms: int = 60_000
     retry: Backoff = RETRY_BACKOFF
 
+    @property
+    def longest_wait_ms(self) -> int:
+        """The longest any wait of this policy lasts: the longest cooldown, a trial's timeout,
+        the longest backoff while closed."""
+        return max(self.max_cooldown_ms, self.trial_timeout_ms, int(self.retry.maximum * 1000))
+
     def __post_init__(self) -> None:
         if self.failure_threshold < 1:
             raise ValueError("failure_threshold must be at least 1")
@@ -90,14 +96,21 @@ class Breaker:
 
     def state_at(self, now_ms: int) -> BreakerState:
         """The state an operator sees: an open breaker whose cooldown has passed is half-open."""
-        if self.state == "open" and now_ms >= self.next_attempt_at_ms:
+        if self.state == "open" and self.due(now_ms):
             return "half_open"
         return self.state
 
     def allows(self, now_ms: int) -> bool:
         """May a call start now? Closed: yes. Open: once the cooldown has passed (then the call
         is the half-open trial). Half-open: only when no trial is in flight (or it timed out)."""
-        return self.state == "closed" or now_ms >= self.next_attempt_at_ms
+        return self.state == "closed" or self.due(now_ms)
+
+    def due(self, now_ms: int) -> bool:
+        """Whether `next_attempt_at_ms` has come, or lies further away than any wait of this
+        policy: set by a clock ahead of ours (another leader's, or ours before it was set
+        back), it is due now, so that a clock's error never stops the calls."""
+        wait_ms = self.next_attempt_at_ms - now_ms
+        return wait_ms <= 0 or wait_ms > self.policy.longest_wait_ms
 
     def retry_delay_ms(self, failures: int, draw: float) -> int:
         """The jittered backoff before the next attempt after `failures` failures while closed:
