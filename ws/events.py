@@ -18,8 +18,10 @@ How it ends, always with a close code and a reason, never with a traceback:
 - a message that is not a JSON object of a known type, a binary frame, or an oversized one
   that reached the app (the transport refuses those from their header first, with 1009): 4400;
 - no subscription for `idle_seconds`: 4408;
-- the subscriber fell `queue_size` events behind live (the log actor dropped it): 4429, the
-  reason `{"code":"slow_consumer","lastSequence":N}`; resume with `fromSequence: N`; also 4429,
+- the subscriber fell `queue_size` events behind live (the log actor dropped it) on a plain
+  TCP connection: 4429, the reason `{"code":"slow_consumer","lastSequence":N}`; resume with
+  `fromSequence: N` (on the ordinary path it is not closed: it sends what waits and replays
+  from there, as after a disconnection of the log actor); also 4429,
   `{"code":"too_many_messages",...}`, for a client sending more than `messages_per_minute`;
 - the log cannot be read (database down): 1011 with the same kind of reason;
 - the server is full (`max_connections`): 1013;
@@ -208,6 +210,7 @@ class Connection:
                 self._closed = True
                 log.info("event subscriber took no data for %gs; dropped", timeout)
                 if self.stream is not None:
+                    self.stream.cut_for = "send"  # (registry_connections_cut_total)
                     self.stream.abort()  # ends a write waiting for it, Hypercorn's included
                 raise _Closed
 

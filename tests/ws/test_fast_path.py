@@ -195,6 +195,8 @@ async def test_a_client_that_reads_nothing_is_cut_off() -> None:
             await served.ended.wait()
         assert served.connection.stream is not None
         assert served.connection.stream.broken
+        # What registry_connections_cut_total counts it under (a client that took nothing).
+        assert served.connection.stream.cut_for == "send"
 
 
 async def test_a_disconnect_while_the_client_takes_nothing_ends_the_connection_at_once() -> None:
