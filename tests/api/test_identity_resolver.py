@@ -112,4 +112,5 @@ async def test_a_resolver_that_trickles_or_answers_without_end_is_bounded(
         with trio.fail_after(60), pytest.raises(UpstreamFailed) as raised:
             await resolver.resolve(SIGNER)
         assert raised.value.code == "identity_lookup_failed"
+        assert raised.value.details == {"reason": "timeout" if trickle else "answer_too_large"}
         assert trio.current_time() - started <= 5.0
