@@ -514,11 +514,18 @@ def sync_request_payload(payload: Any) -> tuple[int, int, str | None]:
     if unknown:
         raise _invalid_payload("unknown_members", f"unknown {unknown}", members=unknown)
     agreement = payload.get("agreementId")
-    if agreement is not None and (not isinstance(agreement, str) or not 1 <= len(agreement) <= 255):
-        raise _invalid_payload(
-            "wrong_type", "agreementId must be a string of 1..255 characters", field="agreementId"
-        )
+    if not agreement_id_valid(agreement):
+        raise _invalid_payload("wrong_type", AGREEMENT_ID_RULE, field="agreementId")
     return _count(payload, "fromSequence", 0), _count(payload, "maxEntries", 1), agreement
+
+
+AGREEMENT_ID_RULE = "agreementId must be a string of 1..255 characters"
+
+
+def agreement_id_valid(agreement: Any) -> bool:
+    """Whether a payload's `agreementId` (sync's, discover's) is absent or well formed: an
+    empty or overlong one is a malformed request (400), not an agreement unknown here (403)."""
+    return agreement is None or (isinstance(agreement, str) and 1 <= len(agreement) <= 255)
 
 
 def clamp_max_entries(n: int, maximum: int = MAX_ENTRIES_LIMIT) -> int:

@@ -40,8 +40,10 @@ from registry.did import public_key_from_did_key
 from registry.discovery import parse_discover_request, query_fingerprint
 from registry.endpoints import EndpointPolicy, endpoint_problem
 from registry.envelope import (
+    AGREEMENT_ID_RULE,
     MAX_SEQUENCE,
     VerifiedEnvelope,
+    agreement_id_valid,
     build_request,
     build_response_text,
     clamp_max_entries,
@@ -230,15 +232,9 @@ class Federation:
                 details={"members": unknown},
             )
         agreement = payload.get("agreementId")
-        if agreement is not None and (
-            not isinstance(agreement, str) or not 1 <= len(agreement) <= 255
-        ):
-            # As a sync request's: an empty or overlong id is a malformed request, not an
-            # agreement this registry does not know.
+        if not agreement_id_valid(agreement):  # as a sync request's
             raise Invalid(
-                "agreementId must be a string of 1..255 characters",
-                code="discover_request_invalid",
-                details={"field": "agreementId"},
+                AGREEMENT_ID_RULE, code="discover_request_invalid", details={"field": "agreementId"}
             )
         self.check_agreement(peer, agreement)
         query = parse_discover_request(payload["query"])
