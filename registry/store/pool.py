@@ -174,10 +174,12 @@ class LeanPool:
         self._returned = asyncio.Event()
 
     def statistics(self) -> dict[str, int]:
-        """The most it opens, connections open, in use (taken, not given back), callers waiting
-        for one, and those held back (the pool lacks them while PostgreSQL refuses more)."""
+        """The most it opens, those taken for the process's lifetime, connections open, in use
+        (taken, not given back), callers waiting for one, and those held back (the pool lacks
+        them while PostgreSQL refuses more)."""
         return {
             "max": self._max_size,
+            "lasting": len(self._lasting),
             "open": len(self._all),
             "in_use": len(self._all) - len(self._idle),
             "waiting": self._waiting,
