@@ -29,7 +29,10 @@ _KEY = re.compile("[\x21-\x7e]{1,255}")  # visible ASCII, no space
 def idem_key(ctx: Ctx, operation: str, *, scope: str | None = None) -> IdemKey:
     """The request's idempotency key (400 when the header is missing or malformed).
 
-    Scope: the principal (or "anonymous") unless the operation names another."""
+    Scope: the principal (or "anonymous") unless the operation names another. A body that is
+    not JSON is refused first (`invalid_json`), as docs/api.md orders the checks."""
+    if ctx.body:
+        ctx.json()
     key = header(_HEADER_NAME)
     if key is None or key == "":
         raise Invalid(f"the {HEADER} header is required", code="idempotency_key_required")

@@ -90,6 +90,19 @@ async def test_malformed_key_is_400(harness: Harness, bad: str) -> None:
     assert r.status_code == 404
 
 
+@pytest.mark.parametrize("key", [None, "", "a b"])
+async def test_a_body_that_is_not_json_is_invalid_json_before_the_key_is_read(
+    harness: Harness, key: str | None
+) -> None:
+    """docs/api.md, order of checks: JSON parsing (`invalid_json`), then the Idempotency-Key."""
+    token = await sign_in(harness.client, SigningKey.generate())
+    headers = bearer(token, **JSON)
+    if key is not None:
+        headers["Idempotency-Key"] = key
+    r = await harness.client.post("/v1/entries", data=b"{not json", headers=headers)
+    await error_of(r, 400, "invalid_json")
+
+
 async def test_longest_valid_key_is_accepted(harness: Harness) -> None:
     key = SigningKey.generate()
     token = await sign_in(harness.client, key)
