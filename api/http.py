@@ -128,21 +128,20 @@ def new_request_id() -> str:
 
 
 def client_address(config: Config) -> str:
-    scope = current_scope()
-    assert scope is not None, "client_address outside a request"
-    return client_of(
-        joined_lines(scope["headers"], b"x-forwarded-for"),
-        peer_address(scope),
-        config.server.trusted_proxies,
-    )
+    """The client a budget is kept for (`registry.ratelimit.client_of`: an IPv6 one by its /64)."""
+    return _client(config, client_of)
 
 
 def client_host(config: Config) -> str:
     """The client's address as `client_address` picks it, an IPv6 one whole (not its /64):
     what the access log names."""
+    return _client(config, client_host_of)
+
+
+def _client(config: Config, pick: Callable[[str, str | None, int], str]) -> str:
     scope = current_scope()
-    assert scope is not None, "client_host outside a request"
-    return client_host_of(
+    assert scope is not None, "a client's address outside a request"
+    return pick(
         joined_lines(scope["headers"], b"x-forwarded-for"),
         peer_address(scope),
         config.server.trusted_proxies,
