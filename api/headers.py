@@ -64,6 +64,11 @@ def header(name: bytes) -> str | None:
     return None
 
 
+def header_lines(name: bytes) -> list[str]:
+    """Every line of the request's header `name` (lower case), in order."""
+    return [str(value.decode("latin-1")) for key, value in _scope()["headers"] if key == name]
+
+
 def response_header(scope: dict[str, Any] | None, name: bytes) -> str | None:
     """The value of the header `name` (lower case) that the answer to `scope` is to get from
     `RESPONSE_HEADERS`; None when it gets none there."""

@@ -14,7 +14,7 @@ import re
 
 from quart import Response, request
 
-from api.headers import header
+from api.headers import header_lines
 from api.http import Ctx, json_response
 from registry import canonical
 from registry.changes import IdemKey, Outcome
@@ -33,7 +33,16 @@ def idem_key(ctx: Ctx, operation: str, *, scope: str | None = None) -> IdemKey:
     not JSON is refused first (`invalid_json`), as docs/api.md orders the checks."""
     if ctx.body:
         ctx.json()
-    key = header(_HEADER_NAME)
+    lines = header_lines(_HEADER_NAME)
+    if len(lines) > 1:
+        # Which one is meant? A proxy may take the last where this would take the first: the
+        # same request, two keys. (A structured-field Item, as the IETF draft defines the
+        # header, is invalid when repeated too.)
+        raise Invalid(
+            f"send one {HEADER} header (this request has {len(lines)})",
+            code="idempotency_key_invalid",
+        )
+    key = lines[0] if lines else None
     if key is None or key == "":
         raise Invalid(f"the {HEADER} header is required", code="idempotency_key_required")
     if _KEY.fullmatch(key) is None:

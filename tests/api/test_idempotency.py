@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import trio_asyncio
+from werkzeug.datastructures import Headers
 
 from api.http import Ctx
 from api.idempotency import fingerprint
@@ -84,6 +85,21 @@ async def test_malformed_key_is_400(harness: Harness, bad: str) -> None:
     token = await sign_in(harness.client, key)
     entry = signed_entry(key)
     headers = bearer(token, **{"Idempotency-Key": bad})
+    r = await harness.client.post("/v1/entries", json=entry, headers=headers)
+    await error_of(r, 400, "idempotency_key_invalid")
+    r = await harness.client.get(f"/v1/entries/{entry['entryDid']}")
+    assert r.status_code == 404
+
+
+async def test_two_keys_on_one_request_are_400_and_nothing_is_written(harness: Harness) -> None:
+    # Which one is meant? A proxy that keys on the last would disagree with a registry that
+    # took the first (it did): the same request, two keys.
+    key = SigningKey.generate()
+    token = await sign_in(harness.client, key)
+    entry = signed_entry(key)
+    headers = Headers(bearer(token))
+    headers.add("Idempotency-Key", "dup-a")
+    headers.add("Idempotency-Key", "dup-b")
     r = await harness.client.post("/v1/entries", json=entry, headers=headers)
     await error_of(r, 400, "idempotency_key_invalid")
     r = await harness.client.get(f"/v1/entries/{entry['entryDid']}")
