@@ -491,14 +491,15 @@ class Federation:
     async def list_peers(self) -> list[dict[str, Any]]:
         """FederationPeer of every configured peer (spec 2.8), in peerDid order: its endpoint
         as it registered it (else as configured) and when it was last seen."""
+        peers = self.peers  # as configured when the request came: a reload may come meanwhile
         rows = {r.peer_did: r for r in await self.store.list_peers()}
         out = []
-        for did in sorted(self.peers):
-            out.append(await self._peer_json(did, rows.get(did)))
+        for did in sorted(peers):
+            out.append(await self._peer_json(peers[did], rows.get(did)))
         return out
 
-    async def _peer_json(self, did: str, row: PeerRow | None) -> dict[str, Any]:
-        peer = self.peers[did]
+    async def _peer_json(self, peer: PeerConfig, row: PeerRow | None) -> dict[str, Any]:
+        did = peer.peer_did
         registered = await self.store.get_record(PEER_RECORD, did)
         doc = json.loads(registered.doc) if registered is not None else {}
         seen = [doc.get("registeredAtMs")]
@@ -532,7 +533,8 @@ class Federation:
 
         async def decide() -> Change:
             principal.require("federation")
-            if principal.did not in self.peers:
+            peers = self.peers  # as configured when the request came: a reload may come meanwhile
+            if principal.did not in peers:
                 raise Forbidden(
                     "the signed-in principal is not a federation peer of this registry",
                     code="peer_unknown",
@@ -543,7 +545,7 @@ class Federation:
             )
             policy = EndpointPolicy.of(
                 allow_http=self.config.federation.allow_http_endpoints,
-                configured=[p.endpoint for p in self.peers.values()],
+                configured=[p.endpoint for p in peers.values()],
                 allowed=self.config.federation.allowed_endpoint_hosts,
             )
             endpoint = _url(body, "endpoint", required=True, policy=policy)
@@ -565,7 +567,7 @@ class Federation:
                 status="active",
                 doc=doc,
             )
-            peer = self.peers[principal.did]
+            peer = peers[principal.did]
             result = {
                 "agreementIds": list(peer.agreement_ids),
                 "endpoint": endpoint,

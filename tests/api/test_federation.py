@@ -1735,3 +1735,26 @@ async def test_a_peer_cannot_point_the_registry_at_internal_addresses(
     assert "secret" not in json.dumps(listed)
     r = await put_self(f, token, {"endpoint": "https://peer.example.com/r"}, key="good")
     assert r.status_code == 200, await r.get_data()
+
+
+async def test_the_peer_list_answers_while_a_reload_removes_a_peer(
+    fed: Fed, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The list reads each peer's registration from the store: a reload (SIGHUP) that removed
+    a peer while it did so made `self.peers[did]` a KeyError, a 500. The list is the peers as
+    configured when the request came."""
+    f = fed
+    handle = f.h.service.federation
+    before = list(handle.peers)
+    store = f.h.deps.federation.store
+    get_record = store.get_record
+
+    async def reloaded_meanwhile(*args: Any, **kwargs: Any) -> Any:
+        handle.reconfigure(before[1:])
+        return await get_record(*args, **kwargs)
+
+    monkeypatch.setattr(store, "get_record", reloaded_meanwhile)
+    r = await anon_client(f.h).get(PEERS)
+    assert r.status_code == 200, await r.get_data()
+    listed = [p["peerDid"] for p in await r.get_json()]
+    assert listed == sorted(p.peer_did for p in before)
