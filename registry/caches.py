@@ -24,6 +24,7 @@ from registry.matching import (
     may_match,
 )
 from registry.query import Expr, RegistryQuery
+from registry.store.routing import READ_FLOOR
 
 
 @dataclass(frozen=True)
@@ -88,9 +89,11 @@ class FollowedCache(Generic[K, V]):
 
     Readers fill it only if no invalidation happened while they read (`epoch`), so a change that
     commits during a lookup can never be overwritten by the older value. It is on only while the
-    keeper follows the log live. All access is from the one Trio thread, with no `await` between a
-    check and its use. Bounded by a count and, with `weigh`, by bytes: the least recently used
-    item goes when either is reached.
+    keeper follows the log live, and it answers a request whose floor (`Registry-Min-Sequence`,
+    `READ_FLOOR`) is past `followed`, the log as this process has read it, with a miss: what it
+    holds may predate the change the client names. All access is from the one Trio thread, with
+    no `await` between a check and its use. Bounded by a count and, with `weigh`, by bytes: the
+    least recently used item goes when either is reached.
     """
 
     def __init__(
@@ -108,11 +111,16 @@ class FollowedCache(Generic[K, V]):
         self.bytes = 0
         self.epoch = 0
         self.enabled = False
+        self.followed = 0  # every change up to this sequence has been applied to the cache
         self.hits = 0
         self.misses = 0
 
     def get(self, key: K) -> V | None:
         if not self.enabled:
+            return None
+        floor = READ_FLOOR.get()
+        if floor is not None and floor > self.followed:
+            self.misses += 1
             return None
         value = self._items.get(key)
         if value is None:

@@ -20,7 +20,10 @@ a change drops is here, and it is applied from three places, all of them through
 
 The keeper enables the caches only while its subscription is live (`set_live`): when it is not
 (the log actor lost its connection, or the keeper lagged), they are disabled and cleared, and
-nothing is served from a cache that might have missed a change.
+nothing is served from a cache that might have missed a change. Each cache knows how far the log
+has been applied to it (`followed`, moved by `observe`): a GET whose `Registry-Min-Sequence` is
+further is a miss, read from the database, since the log record that would drop what the
+client's write replaced may not have been read here yet.
 
 All of it runs in the one Trio thread, with no `await` between a check and its use.
 """
@@ -85,8 +88,16 @@ class Caches:
 
     # --- from the log -----------------------------------------------------------------------
 
+    def follows_from(self, head: int) -> None:
+        """The log actor starts reading after `head`: nothing cached can predate it."""
+        for cache in self.all():
+            cache.followed = max(cache.followed, head)
+
     def observe(self, records: Sequence[LogRecord]) -> None:
         """Drop what `records` changed from the entry and session caches, at once."""
+        if records and records[0].seq <= self.entries.followed + 1:  # the log read without a gap
+            for cache in self.all():
+                cache.followed = max(cache.followed, records[-1].seq)
         for record in records:
             if record.kind == "session.revoked":
                 token_hash = record.data.get("tokenHash")

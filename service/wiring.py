@@ -97,6 +97,7 @@ async def open_service(
                 task_status=task_status,
             )
         )
+        caches.follows_from(logs.statistics().head)
         await nursery.start(run_cache_keeper, logs, store, caches)
         rates = {
             "read": Rate(limits.read_per_minute),

@@ -30,7 +30,7 @@ from registry.store.pg import Notifications, PgStore, open_pg_store
 from registry.usecases.common import Principal
 from service.wiring import Service, open_service
 from tests.conftest import make_config
-from tests.helpers import next_version, signed_entry
+from tests.helpers import bearer, idem, next_version, sign_in, signed_entry
 
 WAIT_SECONDS = 10  # for one change to reach the other process
 
@@ -488,3 +488,61 @@ async def test_a_waiter_computes_the_page_itself_when_the_first_request_is_cance
 async def _run_in(scope: trio.CancelScope, fn: Any) -> None:
     with scope:
         await fn()
+
+
+async def test_registry_min_sequence_is_not_answered_from_a_cache_behind_it(
+    database_url: str, tmp_path: Path
+) -> None:
+    """docs/api.md: a GET with `Registry-Min-Sequence: N` reflects sequence N. A process whose
+    log actor has not read N yet (its caches are dropped by the log) answers from the database,
+    not from a cache that may hold what N replaced: the entry, its ETag (no 304 for the old
+    tag), and a session a logout at N revoked."""
+    key = SigningKey.generate()
+    with trio.fail_after(60):
+        async with two_processes(database_url, tmp_path, key) as (mine, other):
+            writer, reader = other.app.test_client(), mine.app.test_client()
+            token = await sign_in(writer, key)
+            reader_token = await sign_in(reader, key)
+            entry = signed_entry(key)
+            did = entry["entryDid"]
+            path = f"/v1/entries/{did}"
+            r = await writer.post("/v1/entries", json=entry, headers=bearer(token, **idem()))
+            assert r.status_code == 201, await r.get_data()
+            created = int(r.headers["Registry-Sequence"])
+            floor = {"Registry-Min-Sequence": str(created)}
+            await eventually(lambda: mine.logs.statistics().head >= created, "reader follows")
+            r = await reader.get(path, headers=floor)
+            assert r.status_code == 200
+            assert r.headers["ETag"] == f'"s{created}"'
+            assert mine.caches.entries.get(did) is not None  # cached on the reader
+            r = await reader.get("/v1/auth/session", headers=bearer(reader_token))
+            assert r.status_code == 200
+            assert len(mine.caches.sessions) == 1  # cached on the reader too
+
+            with log_reads_held(_pg(mine.store)):  # the reader's log actor reads nothing new
+                updated = signed_entry(key, did, version=next_version(), sequence=created)
+                r = await writer.put(path, json=updated, headers=bearer(token, **idem()))
+                assert r.status_code == 200, await r.get_data()
+                new = int(r.headers["Registry-Sequence"])
+                r = await writer.post("/v1/auth/logout", headers=bearer(reader_token, **idem()))
+                assert r.status_code == 200, await r.get_data()
+                logout = int(r.headers["Registry-Sequence"])
+
+                # Without the header the reader may still serve what it cached.
+                r = await reader.get(path)
+                assert (await r.get_json())["sequence"] == created
+                # With it, never.
+                floor = {"Registry-Min-Sequence": str(new)}
+                r = await reader.get(path, headers=floor)
+                assert r.status_code == 200
+                assert (await r.get_json())["sequence"] == new
+                assert r.headers["ETag"] == f'"s{new}"'
+                old_tag = {"If-None-Match": f'"s{created}"', **floor}
+                r = await reader.get(path, headers=old_tag)
+                assert r.status_code == 200
+                assert r.headers["ETag"] == f'"s{new}"'
+                r = await reader.get(
+                    "/v1/auth/session",
+                    headers=bearer(reader_token, **{"Registry-Min-Sequence": str(logout)}),
+                )
+                assert r.status_code == 401, await r.get_data()
