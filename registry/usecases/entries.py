@@ -259,7 +259,12 @@ class Entries:
         """The outcome of an entry write, once this process's caches have let go of what it
         changed, so the writer reads its own write (the cache keeper does the same for every
         process when the log record reaches it)."""
-        if outcome.replayed or outcome.refusal is not None or outcome.sequence is None:
+        if outcome.refusal is not None or outcome.sequence is None:
+            return outcome
+        if outcome.replayed:
+            # A retry another process (or this one, long ago) wrote: acknowledged here now, so
+            # read back here too, though this process's log actor may not have read it yet.
+            self.caches.wrote(did)
             return outcome
         seq, doc = outcome.sequence, outcome.unwrap()
         versions = [doc] if previous is None else [previous, doc]

@@ -546,3 +546,43 @@ async def test_registry_min_sequence_is_not_answered_from_a_cache_behind_it(
                     headers=bearer(reader_token, **{"Registry-Min-Sequence": str(logout)}),
                 )
                 assert r.status_code == 401, await r.get_data()
+
+
+async def test_a_replayed_write_is_read_back_through_the_process_that_replayed_it(
+    database_url: str, tmp_path: Path
+) -> None:
+    """docs/replicas.md, read your writes on one process: a retry answered from its key's
+    record by another process than the one that wrote (`Idempotent-Replayed`) is the client's
+    write acknowledged there, so that process's next GET shows it, whether or not its log actor
+    has read the change yet."""
+    key = SigningKey.generate()
+    with trio.fail_after(60):
+        async with two_processes(database_url, tmp_path, key) as (mine, other):
+            first, retry = other.app.test_client(), mine.app.test_client()
+            token = await sign_in(first, key)
+            entry = signed_entry(key)
+            did = entry["entryDid"]
+            path = f"/v1/entries/{did}"
+            r = await first.post("/v1/entries", json=entry, headers=bearer(token, **idem()))
+            assert r.status_code == 201, await r.get_data()
+            created = int(r.headers["Registry-Sequence"])
+            await eventually(lambda: mine.logs.statistics().head >= created, "retry follows")
+            r = await retry.get(path)
+            assert (await r.get_json())["sequence"] == created
+            assert mine.caches.entries.get(did) is not None  # cached where the retry goes
+
+            with log_reads_held(_pg(mine.store)):
+                updated = signed_entry(key, did, version=next_version(), sequence=created)
+                key_of_update = idem()
+                r = await first.put(path, json=updated, headers=bearer(token, **key_of_update))
+                assert r.status_code == 200, await r.get_data()
+                new = int(r.headers["Registry-Sequence"])
+                # Its answer was lost; the client retries, and another process answers.
+                r = await retry.put(path, json=updated, headers=bearer(token, **key_of_update))
+                assert r.status_code == 200, await r.get_data()
+                assert r.headers["Idempotent-Replayed"] == "true"
+                assert int(r.headers["Registry-Sequence"]) == new
+                r = await retry.get(path)
+                assert r.status_code == 200
+                assert (await r.get_json())["sequence"] == new
+                assert r.headers["ETag"] == f'"s{new}"'
