@@ -192,7 +192,7 @@ class Connection:
                 except BaseException:
                     self.waiting += events
                     raise
-                self.deps.messages_sent += 1
+                # (Counted in `messages_sent` when the sink handed them over, as on the fast path.)
             outbox.popleft()
             if upto is not None:
                 self.position = upto

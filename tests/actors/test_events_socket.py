@@ -943,3 +943,22 @@ async def test_a_logout_in_a_batch_that_overflowed_does_not_end_the_admin_events
         await events.store.append([(peer_status(), None)])  # the first after it: 4401
         await trio.testing.wait_all_tasks_blocked()
         assert reason(client) == {"code": "session_invalid", "lastSequence": 6}
+
+
+async def test_the_messages_sent_metric_counts_each_event_once_on_the_ordinary_path(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """`registry_event_messages_sent_total` counts events handed to sockets (docs/operations.md)
+    as the fast path does: the ordinary path counted each event when the sink queued it and its
+    message again when it went out (twice an event, or events plus frames in batch mode)."""
+    async with open_events() as events:
+        single, batched = events.connect(), events.connect()
+        await single.subscribe()
+        await batched.subscribe(batch=True)
+        await trio.testing.wait_all_tasks_blocked()  # both live
+        await append_transaction(events.store, 3)
+        assert await single.events(3) == [1, 2, 3]
+        frame = await batched.sock.get()
+        assert [e["sequence"] for e in frame["events"]] == [1, 2, 3]
+        await trio.testing.wait_all_tasks_blocked()
+        assert events.deps.messages_sent == 6
