@@ -177,6 +177,7 @@ class Connection:
             try:
                 await self._send_outbox()
                 if data is not None:
+                    self._send_since = trio.current_time()
                     await self.sock.send(data if isinstance(data, str) else data())
             finally:
                 self._send_since = None
@@ -187,6 +188,9 @@ class Connection:
             text, upto, events = outbox[0]  # taken off once sent: a cancelled send keeps it
             if text is not None:
                 self.waiting -= events  # on their way: no longer counted against the bound
+                # The watchdog times each message, not all that waits: a client that reads
+                # slowly but steadily takes a burst (or a page of a catch-up) at its own pace.
+                self._send_since = trio.current_time()
                 try:
                     await self.sock.send(text)
                 except BaseException:
@@ -204,7 +208,7 @@ class Connection:
         while True:
             await trio.sleep(timeout / 4)
             # On the fast path the stream knows how long the client has taken nothing,
-            # whoever is writing (Hypercorn included); otherwise, the send under way.
+            # whoever is writing (Hypercorn included); otherwise, the message being sent.
             since = self.stream.stalled_since if self.stream is not None else self._send_since
             if since is not None and trio.current_time() - since >= timeout:
                 self._closed = True

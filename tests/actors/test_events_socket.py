@@ -71,13 +71,15 @@ async def append_transaction(store: MemoryStore, count: int) -> None:
 class FakeSocket:
     """The server's side of a WebSocket over memory channels; the test plays the client.
 
-    `stall()` makes the server's sends block (a client that stopped reading) until `resume()`."""
+    `stall()` makes the server's sends block (a client that stopped reading) until `resume()`;
+    `pace` makes each send take that long (a client that reads slowly but steadily)."""
 
     def __init__(self) -> None:
         self._to_server, self._from_client = trio.open_memory_channel[str | bytes](64)
         self._to_client, self._from_server = trio.open_memory_channel[str](4096)
         self.close_frame: tuple[int, str] | None = None
         self._stall: trio.Event | None = None
+        self.pace = 0.0
 
     async def receive(self) -> str | bytes:
         return await self._from_client.receive()
@@ -85,6 +87,8 @@ class FakeSocket:
     async def send(self, data: str) -> None:
         if self._stall is not None:
             await self._stall.wait()
+        if self.pace:
+            await trio.sleep(self.pace)
         await self._to_client.send(data)
 
     async def close(self, code: int, reason: str = "") -> None:
@@ -420,6 +424,23 @@ async def test_a_client_that_takes_no_data_is_dropped_without_a_close_frame(
     assert client.ended_at is not None
     assert stalled + 30 <= client.ended_at <= stalled + 37.5
     assert client.sock.close_frame is None
+
+
+async def test_a_client_that_reads_slowly_but_steadily_is_not_dropped_on_the_ordinary_path(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """`send_timeout_seconds` drops a client that takes no data: the ordinary path timed the
+    whole of what waited (a burst, a page of a catch-up), so a client taking a message every
+    0.1 s was dropped 30 s into a burst of 500, though it never stopped reading."""
+    async with open_events(send_timeout_seconds=30) as events:
+        client = events.connect()
+        await client.subscribe()
+        await trio.testing.wait_all_tasks_blocked()  # live
+        client.sock.pace = 0.1
+        await append_transaction(events.store, 500)
+        with trio.fail_after(100):  # dropped, it would wait for good
+            assert await client.events(500) == list(range(1, 501))
+        assert client.ended_at is None
 
 
 async def test_a_log_that_cannot_be_read_closes_with_1011_and_the_resume_point(
