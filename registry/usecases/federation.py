@@ -311,8 +311,9 @@ class Federation:
         states = self.live()
         rows = {r.peer_did: r for r in await self.store.list_peers()}
         callable_peers: list[str] = []
-        for did in sorted(self.peers):
-            if "discover" not in self.peers[did].kinds:
+        peers = self.peers  # (the property builds the mapping anew: once, not once a peer)
+        for did in sorted(peers):
+            if "discover" not in peers[did].kinds:
                 continue
             if did in dropped:
                 report[did] = {"peerDid": did, "status": "failed", "reason": "failed_earlier"}

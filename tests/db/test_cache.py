@@ -490,6 +490,19 @@ async def _run_in(scope: trio.CancelScope, fn: Any) -> None:
         await fn()
 
 
+async def published_and_followed(
+    client: Any, token: str, key: SigningKey, follower: Any
+) -> tuple[str, int]:
+    """A new entry of `key` published through `client`, once `follower`'s log actor has read
+    it: its DID and sequence."""
+    entry = signed_entry(key)
+    r = await client.post("/v1/entries", json=entry, headers=bearer(token, **idem()))
+    assert r.status_code == 201, await r.get_data()
+    created = int(r.headers["Registry-Sequence"])
+    await eventually(lambda: follower.logs.statistics().head >= created, "the other follows")
+    return entry["entryDid"], created
+
+
 async def test_registry_min_sequence_is_not_answered_from_a_cache_behind_it(
     database_url: str, tmp_path: Path
 ) -> None:
@@ -503,14 +516,9 @@ async def test_registry_min_sequence_is_not_answered_from_a_cache_behind_it(
             writer, reader = other.app.test_client(), mine.app.test_client()
             token = await sign_in(writer, key)
             reader_token = await sign_in(reader, key)
-            entry = signed_entry(key)
-            did = entry["entryDid"]
+            did, created = await published_and_followed(writer, token, key, mine)
             path = f"/v1/entries/{did}"
-            r = await writer.post("/v1/entries", json=entry, headers=bearer(token, **idem()))
-            assert r.status_code == 201, await r.get_data()
-            created = int(r.headers["Registry-Sequence"])
             floor = {"Registry-Min-Sequence": str(created)}
-            await eventually(lambda: mine.logs.statistics().head >= created, "reader follows")
             r = await reader.get(path, headers=floor)
             assert r.status_code == 200
             assert r.headers["ETag"] == f'"s{created}"'
@@ -560,13 +568,8 @@ async def test_a_replayed_write_is_read_back_through_the_process_that_replayed_i
         async with two_processes(database_url, tmp_path, key) as (mine, other):
             first, retry = other.app.test_client(), mine.app.test_client()
             token = await sign_in(first, key)
-            entry = signed_entry(key)
-            did = entry["entryDid"]
+            did, created = await published_and_followed(first, token, key, mine)
             path = f"/v1/entries/{did}"
-            r = await first.post("/v1/entries", json=entry, headers=bearer(token, **idem()))
-            assert r.status_code == 201, await r.get_data()
-            created = int(r.headers["Registry-Sequence"])
-            await eventually(lambda: mine.logs.statistics().head >= created, "retry follows")
             r = await retry.get(path)
             assert (await r.get_json())["sequence"] == created
             assert mine.caches.entries.get(did) is not None  # cached where the retry goes
