@@ -1546,15 +1546,12 @@ class ReplicaPoll:
         await trio.sleep(self._seconds)
 
 
-def _lean_pool(dsn: str, *, min_size: int, max_size: int) -> LeanPool:
+def _lean_pool(dsn: str, *, min_size: int, max_size: int, name: str) -> LeanPool:
     return LeanPool(
         dsn,
         min_size=min_size,
         max_size=max_size,
-        server_settings={
-            **SESSION_SETTINGS,
-            "application_name": f"registry {secrets.token_hex(6)}",
-        },
+        server_settings={**SESSION_SETTINGS, "application_name": name},
         settings_since=SESSION_SETTINGS_SINCE,
     )
 
@@ -1570,12 +1567,15 @@ async def open_pg_store(
 ) -> AsyncIterator[PgStore]:
     """A connection pool for the duration of the block. Needs a running trio-asyncio loop.
 
-    Its connections carry `application_name` `registry <token>`, one token per pool: the
-    processes serving from one database count each other by it (`live_processes`).
+    Its connections carry `application_name` `registry <token>`, one token per process: the
+    processes serving from one database count each other by it (`live_processes`). The replica
+    pool's carry the same one, so a `read_dsn` that reaches the primary too (a promoted replica
+    named by both URLs) does not count the process twice.
     With `read_dsn` (a streaming replica of `dsn`) a `RoutedPgStore`: its pool connects on
     demand, so a replica that is down at start only sends the reads to the primary."""
 
-    pool = _lean_pool(dsn, min_size=min_size, max_size=max_size)
+    name = f"registry {secrets.token_hex(6)}"
+    pool = _lean_pool(dsn, min_size=min_size, max_size=max_size, name=name)
     try:
         with trio.fail_after(QUERY_TIMEOUT_SECONDS):
             await trio_asyncio.aio_as_trio(pool.open)()
@@ -1583,7 +1583,9 @@ async def open_pg_store(
         raise Unavailable(
             f"cannot connect to the database: {exc!r}", code="database_unavailable"
         ) from exc
-    replica_pool = _lean_pool(read_dsn, min_size=0, max_size=max_size) if read_dsn else None
+    replica_pool = (
+        _lean_pool(read_dsn, min_size=0, max_size=max_size, name=name) if read_dsn else None
+    )
     try:
         if replica_pool is None:
             yield PgStore(pool)
