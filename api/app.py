@@ -23,7 +23,7 @@ from api import (
 )
 from api.errors import error_response
 from api.framing import with_framing_checks
-from api.headers import current_scope, header
+from api.headers import current_scope, header_lines
 from api.http import Deps, fresh_request_id, new_request_id
 from api.observe import install, note_start
 from registry.errors import Invalid, MethodNotAllowed, NotFound, RegistryError, TooLarge
@@ -122,9 +122,10 @@ def create_app(dependencies: Deps) -> QuartTrio:
         # Set on every request, as a connection's requests may share a task.
         READ_FLOOR.set(None)
         if scope["method"] in ("GET", "HEAD"):
-            value = header(min_sequence_header)
+            # Lines of one header are one list (RFC 9110 §5.3): two are "a, b", no sequence.
+            lines = header_lines(min_sequence_header)
             try:
-                READ_FLOOR.set(0 if value is None else parse_floor(value.strip()))
+                READ_FLOOR.set(parse_floor(",".join(lines).strip()) if lines else 0)
             except ValueError as exc:
                 raise Invalid(str(exc), code="invalid_min_sequence") from None
         return None

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from werkzeug.datastructures import Headers
 
 from registry import canonical
 from registry.entries import sign_entry
@@ -942,6 +943,27 @@ async def test_registry_min_sequence_is_checked_on_reads_only(harness: Harness) 
     for good in ("0", sequence, str(2**63 - 1)):
         r = await client.get(path, headers={"Registry-Min-Sequence": good})
         assert r.status_code == 200, (good, await r.get_data())
+
+
+async def test_a_repeated_registry_min_sequence_is_refused(harness: Harness) -> None:
+    """Two `Registry-Min-Sequence` lines mean what one line of both values joined by a comma
+    means (RFC 9110 §5.3): not a sequence, `400 invalid_min_sequence`. Read as its first line,
+    `0` and a sequence the process has not followed were answered from its caches, a state
+    that may predate the sequence the client named (a proxy may keep the last line)."""
+    key = SigningKey.generate()
+    token = await sign_in(harness.client, key)
+    entry = signed_entry(key)
+    r = await harness.client.post("/v1/entries", json=entry, headers=bearer(token, **idem()))
+    assert r.status_code == 201, await r.get_data()
+    path = f"/v1/entries/{entry['entryDid']}"
+    client = anon_client(harness)
+    for lines in (["0", str(2**63 - 1)], ["7", "7"]):
+        headers = Headers([("Registry-Min-Sequence", line) for line in lines])
+        r = await client.get(path, headers=headers)
+        await error_of(r, 400, "invalid_min_sequence")
+    for value in ("0, 7", ""):
+        r = await client.get(path, headers={"Registry-Min-Sequence": value})
+        await error_of(r, 400, "invalid_min_sequence")
 
 
 async def test_a_repeated_query_parameter_is_read_from_its_first_occurrence(
