@@ -1427,12 +1427,14 @@ class RoutedPgStore(PgStore):
                 state.failures += 1
                 if not isinstance(exc, Unavailable) or exc.code != "database_busy":
                     self._replica_down(exc)
-                # The rest of this request reads the primary: a newer state, then an older
-                # one (a bundle's version, then its record) would not fit together.
-                READ_FLOOR.set(None)
             else:
                 state.reads["replica"] += 1
                 return result
+        # The rest of this request reads the primary too, whether the replica failed or had
+        # not replayed enough (a poll may find it caught up before the next read): a newer
+        # state, then an older one (an entry's head, then none of its versions) would not fit
+        # together.
+        READ_FLOOR.set(None)
         state.reads["primary"] += 1
         return await method(self, *args[1:], **kwargs)
 

@@ -18,7 +18,8 @@ prefix covers everything the read must reflect:
   challenges, nonces, checkpoints, witness state) have no sequence to wait for, so they are
   always read from the primary.
 
-Otherwise the read goes to the primary, which has every committed change. A replica that fails
+Otherwise the read goes to the primary, which has every committed change, and so does the rest
+of the request (a newer state, then an older one would not fit together). A replica that fails
 (connection lost, no answer within `REPLICA_DEADLINE_SECONDS`, statement cancelled by a recovery
 conflict) is skipped for the call and the rest of the request, and one that cannot be reached
 or does not answer is left alone for `RETRY_SECONDS`; reads then fall back to the primary.
