@@ -202,6 +202,15 @@ async def test_limits_are_shared_by_the_live_processes(
         nursery.cancel_scope.cancel()
 
 
+async def test_every_class_is_shared_event_replays_too() -> None:
+    """docs/configuration.md (`limits.shared`) and docs/events.md: the event replays' budget
+    (`events.replays_per_minute`, the limiter's "replay" class) is divided like the [limits]
+    ones, though it is configured in [events]."""
+    limiter = RateLimiter({**RATES, "replay": Rate(30)})
+    limiter.share(3)
+    assert limiter.acquire("replay", "1.2.3.4").limit == 10
+
+
 def test_a_share_never_falls_below_one_a_minute() -> None:
     limiter = RateLimiter(RATES)
     limiter.share(1000)
