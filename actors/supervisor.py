@@ -3,9 +3,11 @@
 Theory of operation: `supervise` runs `body()` until it returns. A clean return ends supervision
 (the actor's channel was closed: shutdown). A *known* failure (by default the service's own
 `Unavailable`, e.g. the database went away, and connection errors) is logged and the actor is
-restarted after `Backoff.jittered(consecutive failures)`, or as soon as `ready()` says what
-failed works again (asked every second: `back_off`) (a group of known failures raised
-through the body's nurseries is known too); a run that lasted longer than
+restarted after `Backoff.jittered(consecutive failures)`, or, for a failure of the database
+(`of_the_database`), as soon as `ready()` says it works again (asked every second: `back_off`)
+(a group of known failures raised through the body's nurseries is known too). Any other known
+failure (a stored tree found altered, a stale leader) waits out its backoff: the database
+answering says nothing about it. A run that lasted longer than
 `stable_after` seconds resets the count. Anything else is a bug: it propagates and stops the
 service loudly rather than being retried forever. The log says a failure once, then the same
 failure again at most once a minute with a count (`registry/outage.py`), so an outage of
@@ -50,6 +52,16 @@ def describe(exc: BaseException) -> str:
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
     return f"{type(exc).__name__}: {exc}"
+
+
+def of_the_database(exc: BaseException) -> bool:
+    """A failure of the database, whose end `ready` can see: a lost connection, or one of its
+    conditions (registry/store/pg.py `CONDITIONS`: the `database_*` codes), in a group too."""
+    if isinstance(exc, BaseExceptionGroup):
+        return any(of_the_database(inner) for inner in exc.exceptions)
+    if isinstance(exc, Unavailable):
+        return exc.code.startswith("database_")
+    return isinstance(exc, ConnectionError)
 
 
 def is_known(exc: BaseException, known: tuple[type[Exception], ...]) -> bool:
@@ -108,7 +120,7 @@ async def supervise(
                         outage.failures,
                         delay,
                     )
-            await back_off(delay, ready)
+            await back_off(delay, ready if of_the_database(exc) else None)
         else:
             log.info("actor %s stopped", name)
             return

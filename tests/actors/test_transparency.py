@@ -13,7 +13,7 @@ import pytest
 import trio
 import trio.testing
 
-from actors.supervisor import KNOWN_FAILURES, is_known
+from actors.supervisor import KNOWN_FAILURES, SupervisorStats, database_ready, is_known, supervise
 from actors.transparency import TransparencyHandle, run_checkpointer
 from registry.canonical import canonicalize
 from registry.errors import Unavailable
@@ -119,3 +119,39 @@ async def test_a_record_jcs_cannot_write_is_a_known_failure_not_a_crash(
     assert "log record 4 " in leaf.message
     assert handle.latest is not None
     assert handle.latest.size == 0  # the tree stops before that record's page
+
+
+async def test_an_altered_tree_is_retried_with_backoff_while_the_database_answers(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Supervised as the service runs it (wiring: `ready` asks whether the database takes
+    writes), an altered tree is retried with the supervisor's growing backoff. The database
+    answers all along, so `ready` ended every backoff after its first second: the
+    checkpointer restarted (a leadership, the tiles read, an ERROR line) every second, forever."""
+    store = MemoryStore()
+    head = await grow(store, 10)
+    handle = TransparencyHandle()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(
+            lambda: run_checkpointer(store, KEY, KEY.did, every_seconds=1.0, handle=handle)
+        )
+        with trio.fail_after(30):
+            await handle.checkpointed(head)
+        nursery.cancel_scope.cancel()
+    store._tables.tiles[(0, 0)] = bytes(32) * 10  # the leaves rewritten in the store
+    stats = SupervisorStats()
+    with trio.move_on_after(600):
+        await supervise(
+            "transparency",
+            lambda: run_checkpointer(
+                store, KEY, KEY.did, every_seconds=1.0, handle=TransparencyHandle()
+            ),
+            stats=stats,
+            draw=lambda: 0.5,
+            ready=database_ready(store, writes=True),
+        )
+    assert "altered" in (stats.last_error or "")
+    # 0.375, 0.75, 1.5, 3, 6, 12, then 22.5 s apart: about 30 runs in ten minutes, not 600.
+    assert 25 <= stats.restarts <= 35
+    said = [r for r in caplog.records if "do not give checkpoint" in r.getMessage()]
+    assert len(said) in (stats.restarts, stats.restarts + 1)  # one a run
