@@ -11,7 +11,10 @@ Failures: a refusal of one change (entry exists, sequence conflict, ...) is that
 only. If the batch fails because the database refused a value (`Invalid`, e.g. a character it
 cannot store), the changes are applied again one by one, so only the offending caller gets the
 error. If the batch fails with another known error (database down), every caller of the batch
-gets that error and the actor goes on with the next batch. Anything else (a bug, or a limit no
+gets that error and the actor goes on with the next batch; when the database did not answer
+in time (`database_timeout`: a lock held on the log head, a database that stopped answering),
+the changes queued meanwhile get it too, untried, rather than each wait out the deadline again
+behind one another (a full queue would have waited minutes). Anything else (a bug, or a limit no
 check foresaw) is found like a refused value and is its caller's 500, logged with its traceback:
 the actor goes on, where ending it would end every later write and the process with them. If
 the actor is cancelled (shutdown) mid-batch, its callers are told the write was interrupted: the
@@ -141,7 +144,10 @@ async def run_writer(
                         batch.append(receive.receive_nowait())
                     except trio.WouldBlock:
                         break
-                await _write_batch(store, batch, stats)
+                failed = await _write_batch(store, batch, stats)
+                if failed is not None and failed.code == "database_timeout":
+                    for item in _queued(receive):  # untried: nothing of theirs was written
+                        item.reply.give(failed)
         except BaseException:  # stopped: what is still queued was never written
             _interrupted(_queued(receive))
             raise
@@ -189,12 +195,16 @@ def _interrupted(batch: list[_Append]) -> None:
         item.reply.give(interrupted)
 
 
-async def _write_batch(store: LogStore, batch: list[_Append], stats: WriterStats) -> None:
+async def _write_batch(
+    store: LogStore, batch: list[_Append], stats: WriterStats
+) -> Unavailable | None:
+    """Apply the batch and answer its callers; the condition of the database that failed it
+    whole, if one did."""
     try:
         outcomes = await store.append([(item.change, item.idem) for item in batch])
     except Invalid as exc:
         await _one_by_one(store, batch, stats, exc)
-        return
+        return None
     except RegistryError as exc:
         for item in batch:
             item.reply.give(exc)
@@ -203,10 +213,11 @@ async def _write_batch(store: LogStore, batch: list[_Append], stats: WriterStats
             line = stats.outage.failed(exc.code, trio.current_time())
             if line is not None:
                 log.warning(line)
-        return
+            return exc
+        return None
     except Exception as exc:  # its caller's 500 (`_answer_of`)
         await _one_by_one(store, batch, stats, exc)
-        return
+        return None
     except BaseException:
         _interrupted(batch)
         raise
@@ -221,3 +232,4 @@ async def _write_batch(store: LogStore, batch: list[_Append], stats: WriterStats
     stats.changes += len(batch)
     stats.largest_batch = max(stats.largest_batch, len(batch))
     stats.sizes.observe(len(batch))
+    return None

@@ -17,6 +17,7 @@ from actors.writer import Writer, run_writer
 from registry.changes import Change, IdemKey, Outcome
 from registry.errors import Invalid, RegistryError, Unavailable
 from registry.store.memory import MemoryStore
+from registry.store.pg import QUERY_TIMEOUT_SECONDS
 from tests.helpers import entry_created
 
 _names = itertools.count()
@@ -310,3 +311,47 @@ async def test_an_unexpected_failure_is_its_own_callers_500_and_the_writer_goes_
             later = new_did()  # the actor is still there
             assert entry_did(await writer.append(create(later), None)) == later
     assert "RuntimeError: index row size" in caplog.text  # logged with its traceback
+
+
+class Hangs(MemoryStore):
+    """While `hung`, a write waits for the seam's deadline and fails as PgStore's does then (a
+    lock held on the log head, a database that stopped answering): `database_timeout`."""
+
+    def __init__(self, **options: float) -> None:
+        super().__init__(**options)
+        self.hung = False
+
+    async def append(self, items: list[tuple[Change, IdemKey | None]]) -> list[Outcome]:
+        if self.hung:
+            await trio.sleep(QUERY_TIMEOUT_SECONDS)
+            raise Unavailable("the database did not answer in time", code="database_timeout")
+        return await super().append(items)
+
+
+async def test_callers_queued_behind_a_timed_out_batch_are_answered_with_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A database that does not answer: each batch (64 changes) took the seam's 30 s to fail,
+    so 200 writers queued behind the first waited up to four batches, 120 s, and a full queue
+    (1,024) 8 minutes, each HTTP request hanging meanwhile. Nothing of a queued change was
+    tried: it gets the batch's 503 (its retry is safe) when the batch fails."""
+    store = Hangs(latency=1.0)
+    outcomes: dict[str, Outcome | Exception] = {}
+    queued = [new_did() for _ in range(200)]
+    async with open_writer(store) as writer:
+        store.hung = True
+        start = trio.current_time()
+        async with trio.open_nursery() as callers:
+            callers.start_soon(submit, writer, new_did(), outcomes)
+            await trio.testing.wait_all_tasks_blocked()  # the first batch is in flight
+            for did in queued:
+                callers.start_soon(submit, writer, did, outcomes)
+        assert trio.current_time() - start == QUERY_TIMEOUT_SECONDS  # one deadline, not four
+        for did in queued:
+            error = outcomes[did]
+            assert isinstance(error, Unavailable)
+            assert error.code == "database_timeout"
+        assert writer.condition() == "database_timeout"
+        store.hung = False  # the database answers again: the next write goes through
+        assert entry_did(await writer.append(create(queued[0]), None)) == queued[0]
+        assert writer.condition() is None
