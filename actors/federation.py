@@ -42,7 +42,7 @@ from urllib.parse import urlsplit
 import httpx
 import trio
 
-from actors.supervisor import supervise
+from actors.supervisor import database_ready, supervise
 from actors.witness import PeerWitness, WitnessDeps, WitnessSkipped
 from registry.breaker import DEFAULT_POLICY, BreakerPolicy
 from registry.canonical import parse_strict
@@ -64,7 +64,7 @@ from registry.federation import (
     within_checkpoint,
 )
 from registry.keys import SigningKey
-from registry.store import FederationStore
+from registry.store import FederationStore, HealthStore
 from registry.usecases.federation import peer_state
 
 log = logging.getLogger(__name__)
@@ -218,9 +218,14 @@ class FederationHandle:
         await self._changed.wait()
 
 
+class PeerActorStore(FederationStore, HealthStore, Protocol):
+    """What the PeerActors use: federation's state, and whether the database is back after an
+    outage (their restarts' backoff asks it every second, as every actor's does)."""
+
+
 @dataclass(frozen=True)
 class PeerDeps:
-    store: FederationStore
+    store: PeerActorStore
     append: Append
     key: SigningKey
     transport: PeerTransport
@@ -274,7 +279,11 @@ async def _run_scoped(
 ) -> None:
     with trio.CancelScope() as scope:
         task_status.started(scope)
-        await supervise(f"peer {peer.peer_did[:24]}…", partial(run_peer, deps, peer))
+        await supervise(
+            f"peer {peer.peer_did[:24]}…",
+            partial(run_peer, deps, peer),
+            ready=database_ready(deps.store, writes=True),
+        )
 
 
 class _Failed(Exception):

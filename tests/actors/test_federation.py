@@ -38,7 +38,7 @@ from registry.envelope import build_response, verify_envelope
 from registry.errors import Invalid, Unavailable
 from registry.federation import PeerState, sort_entries
 from registry.keys import SigningKey, b64url_encode
-from registry.store import ReplicaVersion
+from registry.store import PeerRow, ReplicaVersion
 from registry.store.memory import MemoryStore
 from tests.helpers import entry_template, new_did
 
@@ -1287,7 +1287,6 @@ async def test_a_stored_status_of_another_shape_does_not_end_the_actor(
     ValueError or AttributeError there, a bug to the supervisor, which ended the process, and
     every restart after it read the same row. Such a breaker is read as a new one (closed, no
     failures); the cursor, a column, holds, and the next status stored is this release's."""
-    from registry.store import PeerRow
 
     rig = make_rig()
     rig.peer.entries(1, 2, 3)
@@ -1345,4 +1344,39 @@ async def test_a_reload_that_removes_a_peer_midway_through_a_lookup_stops_its_ac
         await second.wait_calls(3)
         assert set(handle.live()) == {second.did}
         assert len(first.calls) == 1
+        nursery.cancel_scope.cancel()
+
+
+class Restarts(MemoryStore):
+    """Says when a PeerActor (re)starts: it reads its peer's stored state first."""
+
+    def __init__(self) -> None:
+        super().__init__(clock_ms=now_ms)
+        self.started = trio.Event()
+
+    async def get_peer(self, peer_did: str) -> PeerRow | None:
+        self.started.set()
+        self.started = trio.Event()
+        return await super().get_peer(peer_did)
+
+
+async def test_pulls_resume_within_a_second_or_two_of_a_long_outage_s_end(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The database down for minutes: the peer actor's restarts back off to 15-30 s, and the
+    backoff asks every second whether the database is back (docs/faults.md), as every other
+    actor's does. It did not: pulling resumed up to 30 s after the database, not in a second."""
+    rig = make_rig()
+    rig.store = store = Restarts()
+    rig.peer.entries(1, 2, 3)
+    handle = FederationHandle(rig.config.peers)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(run_federation, rig.deps(handle))
+        store.fail_reads = store.fail_writes = True
+        await trio.sleep_until(100.0)  # seven failures and more: each backoff is 15 s at least
+        await store.started.wait()  # a restart (failing): the next is 15-30 s away
+        store.fail_reads = store.fail_writes = False
+        back = trio.current_time()
+        await trio.sleep_until(back + 2.0)  # (virtual time)
+        assert rig.replica_seqs() == [1, 2, 3]
         nursery.cancel_scope.cancel()
