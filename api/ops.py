@@ -39,7 +39,11 @@ async def _deep_health(principal: Principal) -> dict[str, Any]:
     if checks.get("database") == "ok":
         checks["federation"] = await deps().federation.health()
         checks["anchoring"] = await deps().anchors.health()
-    log_head = await deps().store.log_head()
+        log_head = await deps().store.log_head()
+    else:
+        # Busy or failing: not asked again (a busy pool would keep it 30 s, then a 503), so that
+        # the answer is still the 200 whose status says so. The log as this process read it.
+        log_head = max((cache.followed for cache in deps().caches), default=0)
     return {"status": _status(checks), "checks": checks, "logHead": log_head}
 
 

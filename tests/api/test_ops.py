@@ -321,3 +321,36 @@ async def test_health_is_degraded_not_failing_while_every_pooled_connection_is_b
         assert (r.status_code, (await r.get_json())["status"]) == (200, "ok")
 
     await with_harness(config, body)
+
+
+async def test_deep_health_is_200_and_says_busy_while_every_pooled_connection_is(
+    database_url: str, tmp_path: Path
+) -> None:
+    """Deep health always answers 200 (the spec: inspect `status`). With every pooled
+    connection at work its checks said `busy` after 2 s, and then it read the log head through
+    the pool all the same: 30 s later, a 503 `database_timeout` instead of its answer."""
+    admin = SigningKey.generate()
+    config = make_config(database_url, tmp_path, auth={"admin_dids": [admin.did]})
+
+    async def body(h: Harness) -> None:
+        token = await sign_in(anon_client(h), admin)
+        r = await anon_client(h).get("/v1/health/deep", headers=bearer(token))
+        assert r.status_code == 200, await r.get_data()  # (the session is now cached)
+        head = (await r.get_json())["logHead"]
+        pool = h.store._pool
+        held = []
+        while len(held) < pool.statistics()["max"] - pool.statistics()["lasting"]:
+            held.append(await trio_asyncio.aio_as_trio(pool.take)())
+        try:
+            with trio.fail_after(10):
+                r = await anon_client(h).get("/v1/health/deep", headers=bearer(token))
+            health = await r.get_json()
+            assert r.status_code == 200, health
+            assert health["status"] == "degraded"
+            assert health["checks"]["database"].startswith("busy:")
+            assert health["logHead"] == head  # as this process last read it
+        finally:
+            for conn in held:
+                pool.give_back(conn)
+
+    await with_harness(config, body)
