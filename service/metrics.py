@@ -32,6 +32,9 @@ from ws.events import EventDeps
 from ws.transport import ConnectionGuard
 
 BREAKER_STATES = ("closed", "open", "half_open")
+# The conditions in which the database refuses writes (docs/faults.md), until a write succeeds.
+# A batch that met another (a deadlock, a timeout, a restart) says nothing of the next one.
+WRITE_REFUSALS = frozenset({"database_read_only", "database_full"})
 
 
 @dataclass(frozen=True)
@@ -126,7 +129,7 @@ def _writer(s: Sources) -> Iterable[Metric]:
     yield _gauge(
         "registry_writer_failing",
         "1 while the database refuses writes (read-only, full), else 0",
-        int(s.writer.condition() is not None),
+        int(s.writer.condition() in WRITE_REFUSALS),
     )
 
 
