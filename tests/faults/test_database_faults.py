@@ -7,19 +7,25 @@ second whether the database is back; asserted here with room for a loaded machin
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import subprocess
 import tempfile
+import threading
 import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
+import asyncpg
 import httpx
 import pytest
 
 from tests.db.proc import Server
 from tests.faults.conftest import Cluster, small_tmpfs
 from tests.faults.load import Load, wait_health
+from tests.helpers import signed_entry
 
 pytestmark = pytest.mark.faults
 
@@ -162,3 +168,65 @@ def test_a_full_disk_is_503_database_full_then_ok(
         finally:
             cluster.sql(*[f"ALTER TABLE {t} SET TABLESPACE pg_default" for t in tables])
             cluster.sql("DROP TABLESPACE small")
+
+
+def test_writes_behind_a_held_lock_are_503_database_timeout_within_the_deadline(
+    server: Server, cluster: Cluster, tmp_path: Path
+) -> None:
+    """A transaction holds the log head (an operator's, a stuck migration): the writer's batch
+    waits for it until the 30 s deadline. The writes queued behind that batch each waited out
+    their own batch's 30 s in turn (a minute, two, ... while the lock lasted); every write is
+    answered `503 database_timeout` within about the one deadline, and writes go through again
+    once the lock is gone."""
+    key = Load(server.url, tmp_path, writers=0)
+    with key:
+        release = threading.Event()
+        locked = threading.Event()
+
+        def hold() -> None:
+            async def run() -> None:
+                conn = await asyncpg.connect(cluster.dsn, timeout=10)
+                try:
+                    async with conn.transaction():
+                        await conn.execute("SELECT seq FROM log_head WHERE id = 1 FOR UPDATE")
+                        locked.set()
+                        await asyncio.get_running_loop().run_in_executor(None, release.wait, 90)
+                finally:
+                    await conn.close()
+
+            asyncio.run(run())
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        try:
+            assert locked.wait(10)
+            headers = {"Authorization": f"Bearer {key.token}"}
+
+            def write(_: int) -> tuple[int, str, float]:
+                with httpx.Client(base_url=server.url, timeout=120) as http:
+                    started = time.monotonic()
+                    r = http.post(
+                        "/v1/entries",
+                        json=signed_entry(key.key),
+                        headers={**headers, "Idempotency-Key": uuid.uuid4().hex},
+                    )
+                    took = time.monotonic() - started
+                    code = r.json()["error"]["code"] if r.status_code != 201 else ""
+                    return r.status_code, code, took
+
+            with ThreadPoolExecutor(100) as pool:
+                futures = [pool.submit(write, n) for n in range(100)]
+                answers = [f.result() for f in as_completed(futures, timeout=120)]
+        finally:
+            release.set()
+            holder.join(30)
+        assert {(status, code) for status, code, _ in answers} == {(503, "database_timeout")}
+        assert max(took for _, _, took in answers) < 45  # the one deadline (30 s), not two
+        with httpx.Client(base_url=server.url, timeout=60) as http:
+            r = http.post(
+                "/v1/entries",
+                json=signed_entry(key.key),
+                headers={**headers, "Idempotency-Key": uuid.uuid4().hex},
+            )
+            assert r.status_code == 201, r.text
+        assert server.proc.poll() is None
