@@ -47,7 +47,9 @@ class SubscribeRequest(WireModel):
 
     @field_validator("kinds")
     @classmethod
-    def _known(cls, kinds: list[str]) -> list[str]:
+    def _known(cls, kinds: list[str] | None) -> list[str] | None:
+        if kinds is None:  # (null: as absent)
+            return None
         unknown = sorted(set(kinds) - KINDS)
         if unknown:
             raise ValueError(f"unknown event kind(s) {unknown}; known: {sorted(KINDS)}")

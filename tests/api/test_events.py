@@ -315,6 +315,19 @@ async def test_an_invalid_subscription_is_refused_and_the_socket_stays_open(
         await subscribe(ws)  # still usable
 
 
+async def test_filter_lists_given_as_null_are_absent(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A `null` filter list admits everything, as an absent one does (`kinds: null` raised a
+    TypeError in its validator: a traceback, and the socket closed with 1000)."""
+    caplog.set_level(logging.WARNING)
+    async with harness.client.websocket("/v1/events") as ws:
+        await subscribe(ws, kinds=None, entryTypes=None, entryDids=None)
+        await ws.send(json.dumps({"type": "ping"}))
+        assert (await receive(ws))["type"] == "pong"
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
 @pytest.mark.parametrize(
     "path", ["/v1/nowhere", "/v1/health", "/console/", "/console", "/v1/openapi.json"]
 )
