@@ -241,17 +241,15 @@ class ClientFrames:
                     self._payload(data[i - taken : i])
                 continue
             head = self._head
-            need = 2
-            if len(head) >= 2:
-                code = head[1] & 0x7F
-                need = 2 + (2 if code == 126 else 8 if code == 127 else 0)
-                need += 4 if head[1] & 0x80 else 0
+            need = _header_size(head)
             if len(head) < need:
                 taken = min(need - len(head), n - i)
                 head += data[i : i + taken]
                 i += taken
-                if len(head) < 2 or len(head) < need or need == 2:
-                    continue  # (with two bytes, the header's full length is known next round)
+                # (Its first two bytes tell the header's full length: an unmasked frame with
+                # a short payload has no more, and is looked at now, not with the next read.)
+                if len(head) < _header_size(head):
+                    continue
             self._frame(bytes(head), now)
             head.clear()
 
@@ -341,6 +339,15 @@ class ClientFrames:
             raise _FrameRefused(1007, "a text message that is not UTF-8") from None
         if last:
             self._decoder = None
+
+
+def _header_size(head: bytes | bytearray) -> int:
+    """The size of a frame header (RFC 6455 §5.2) whose first bytes are `head` (2 until its
+    first two bytes tell more)."""
+    if len(head) < 2:
+        return 2
+    code = head[1] & 0x7F
+    return 2 + (2 if code == 126 else 8 if code == 127 else 0) + (4 if head[1] & 0x80 else 0)
 
 
 def _check_close(payload: bytes) -> None:

@@ -215,6 +215,9 @@ PROTOCOL_ERRORS = {
     ),
     "a close frame with an invalid code": (client_frame(b"\x00\x01", opcode=0x8), 1002),
     "a reserved opcode": (client_frame(b"{}", opcode=0x3), 1002),
+    # Its whole header is two bytes: it was looked at only once more bytes came, and
+    # Hypercorn's parser had dropped the connection by then.
+    "an empty unmasked frame, alone": (bytes((0x81, 0x00)), 1002),
 }
 
 

@@ -165,6 +165,8 @@ REFUSED = {
     "a reserved opcode": (frame(b"{}", opcode=0x3), 1002),
     "a reserved control opcode": (frame(b"", opcode=0xB), 1002),
     "an unmasked frame": (bytes((0x81, 0x02)) + b"{}", 1002),
+    "an empty unmasked frame": (bytes((0x81, 0x00)), 1002),
+    "an empty unmasked ping": (bytes((0x89, 0x00)), 1002),
     "a fragmented ping": (unfinished(frame(b"p", opcode=0x9)), 1002),
     "a control frame over 125 bytes": (frame(b"p" * 126, opcode=0xA), 1002),
     "a length not in its shortest form": (bytes((0x81, 0xFE, 0, 5)) + bytes(9), 1002),
