@@ -194,13 +194,19 @@ def _check_content_type() -> None:
 
 
 async def _drain(limit: int, ctx: Ctx) -> None:
-    """Read and discard the body of a request answered early (401, 429, ...), so the connection
-    stays usable: Hypercorn cannot recycle or even close a connection whose request body is
-    unread. Bounded by the admission limit and a few seconds; otherwise the answer says close."""
+    """Read and discard the body of a request answered early (401, 415, 429, ...), so the
+    connection stays usable: Hypercorn cannot recycle or even close a connection whose request
+    body is unread. Bounded by the admission limit and a few seconds; otherwise the answer says
+    close. Each piece is dropped as it comes: no budget paid for this body, so none of it is
+    held (held whole, 20 bodies of 4 MiB each one byte short took ~80 MiB)."""
     with trio.move_on_after(5):
+        size = 0
         try:
-            await read_body(limit)
-        except TooLarge:
+            async for chunk in request.body:
+                size += len(chunk)
+                if size > limit:
+                    return
+        except RequestEntityTooLarge:
             return
         ctx.body_read = True
         mark_body_read()
