@@ -10,7 +10,8 @@ import pytest
 import trio
 from wsproto.frame_protocol import FrameProtocol, ParseFailed
 
-from registry.ratelimit import client_key
+from registry.ratelimit import Bucket, Rate, client_key, is_idle
+from ws import transport
 from ws.transport import ClientFrames, ConnectionGuard, ConnectionLimits, _FrameRefused
 
 
@@ -218,3 +219,31 @@ async def test_new_connections_from_one_address_are_admitted_by_a_budget(
     assert guard.admit("b") is None  # another address has its own
     await trio.sleep(1)  # one a second comes back
     assert guard.admit("a") is None
+
+
+async def test_addresses_seen_at_once_past_the_bound_do_not_make_every_admission_sweep(
+    autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """New-connection buckets past `MAX_BUCKETS` are swept of the full ones; where none is full
+    (every address opened a connection within the minute), sweeping again at each admission
+    walked them all for every new connection (IPv6 clients pick a new /64 at will). The next
+    sweep waits until their number has doubled; full ones are still forgotten."""
+    monkeypatch.setattr(transport, "MAX_BUCKETS", 10)
+    looked_at = 0
+
+    def counted(bucket: Bucket, rate: Rate, now: float) -> bool:
+        nonlocal looked_at
+        looked_at += 1
+        return is_idle(bucket, rate, now)
+
+    monkeypatch.setattr(transport, "is_idle", counted)
+    guard = ConnectionGuard(ConnectionLimits())
+    for n in range(1000):
+        assert guard.admit(f"client-{n}") is None
+        guard.release(f"client-{n}")
+    assert looked_at < 3000  # (each admission sweeping: ~500,000)
+    await trio.sleep(60)  # every bucket refilled: the next sweep forgets them
+    for n in range(1000, 3000):
+        assert guard.admit(f"client-{n}") is None
+        guard.release(f"client-{n}")
+    assert "client-0" not in guard._opened
