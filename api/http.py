@@ -158,7 +158,9 @@ def bearer_token() -> str | None:
     return request.cookies.get(SESSION_COOKIE) or None
 
 
-async def read_body(limit: int) -> bytes:
+async def read_body(limit: int, pay: Callable[[int], None] | None = None) -> bytes:
+    """The request's body, at most `limit` bytes; `pay` is given each piece's size before the
+    piece is kept (and may refuse it by raising)."""
     declared = header(b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise TooLarge(
@@ -174,6 +176,8 @@ async def read_body(limit: int) -> bytes:
                     f"body exceeds the admission limit of {limit} bytes",
                     details={"limitBytes": limit},
                 )
+            if pay is not None:
+                pay(len(chunk))
             chunks.append(chunk)
     except RequestEntityTooLarge:
         raise TooLarge(
@@ -219,7 +223,9 @@ _BY_ADDRESS = {"write": "write_address", "query": "query_address"}
 _PAYS_DATABASE_TIME = frozenset({"query"})
 
 
-def _spend_body_bytes(d: Deps, ctx: Ctx, klass: str, address: str, size: int) -> None:
+def _spend_body_bytes(d: Deps, ctx: Ctx, klass: str, address: str, size: int) -> int:
+    """Spend `size` bytes of the address's byte budget, or refuse (429); returns the budget's
+    size (a minute's bytes)."""
     spent = d.limiter.acquire("body_bytes", address, cost=size)
     if not spent.allowed:
         g.rate_class = "body_bytes"
@@ -231,6 +237,27 @@ def _spend_body_bytes(d: Deps, ctx: Ctx, klass: str, address: str, size: int) ->
             limit=spent.limit,
             code=f"{klass}_rate_limited",
         )
+    return spent.limit
+
+
+def _paying_as_read(d: Deps, ctx: Ctx, klass: str, address: str) -> Callable[[int], None]:
+    """What a body that declares no length (chunked) pays: each piece as it is read, before it
+    is kept, so that no unpaid byte is held (paid once read, 120 chunked 4 MiB bodies, each a
+    piece short, held ~415 MiB). Once it has paid a whole budget it pays no more, as a body
+    that declares more than the budget passes on a full one."""
+    paid = 0
+    budget: int | None = None
+
+    def pay(size: int) -> None:
+        nonlocal paid, budget
+        if budget is not None:
+            size = min(size, budget - paid)
+            if size <= 0:
+                return
+        budget = _spend_body_bytes(d, ctx, klass, address, size)
+        paid += size
+
+    return pay
 
 
 @contextmanager
@@ -372,16 +399,15 @@ def endpoint(
                     # (and more for some shapes: numbers, floats): an address's bodies share a
                     # budget of bytes, spent before any of that work. A body that declares its
                     # length pays before it is read, so that concurrent bodies are not all
-                    # held in memory first; a chunked one pays once read.
+                    # held in memory first; a chunked one pays each piece as it is read.
                     declared = header(b"content-length")
-                    upfront = declared is not None and declared.isdigit()
-                    if upfront:
-                        _spend_body_bytes(d, ctx, klass, address, int(declared or 0))
-                    ctx.body = await read_body(limit)
+                    if declared is not None and declared.isdigit():
+                        _spend_body_bytes(d, ctx, klass, address, int(declared))
+                        ctx.body = await read_body(limit)
+                    else:
+                        ctx.body = await read_body(limit, _paying_as_read(d, ctx, klass, address))
                     ctx.body_read = True
                     mark_body_read()
-                    if not upfront:
-                        _spend_body_bytes(d, ctx, klass, address, len(ctx.body))
                 if pays_database_time:
                     with _paying_database_time(d, ctx, klass, address):
                         response = await handler(ctx, **kwargs)

@@ -86,3 +86,38 @@ def test_a_body_refused_before_it_is_paid_is_not_held_while_it_is_drained(
             data = socks[0].recv(65536)
         assert data.startswith(b"HTTP/1.1 415"), data[:200]
         assert b"connection: close" not in data.lower()
+
+
+def _chunked(*pieces: bytes, end: bool = True) -> bytes:
+    head = (
+        "POST /v1/discover HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\n"
+        "Transfer-Encoding: chunked\r\n\r\n"
+    )
+    body = b"".join(b"%x\r\n%s\r\n" % (len(piece), piece) for piece in pieces)
+    return head.encode() + body + (b"0\r\n\r\n" if end else b"")
+
+
+def test_a_chunked_body_pays_each_piece_before_it_is_held(
+    database_url: str, tmp_path: Path
+) -> None:
+    """A body that declares no length pays as it is read, piece by piece: one past the budget
+    is refused at the piece that passes it, not held until it ends (paid once read, 120
+    chunked 4 MiB bodies from 5 addresses, each a piece short, held ~415 MiB). A chunked body
+    larger than the budget still passes on a full one, as a declared one does."""
+    env = {**SETTINGS, "REGISTRY_LIMITS__BODY_BYTES_PER_MINUTE_PER_ADDRESS": "4096"}
+    with run_server(tmp_path / "srv", database_url=database_url, extra_env=env) as server:
+        body = b'{"text": "agent"}'.ljust(3000)
+        with connect(server.url, "127.0.6.4") as sock:
+            sock.sendall(_chunked(body))
+            data = sock.recv(65536)
+        assert data.startswith(b"HTTP/1.1 200"), data[:200]
+        with connect(server.url, "127.0.6.4") as sock:
+            sock.sendall(_chunked(b" " * 3000, end=False))  # the rest never comes
+            data, closed = read_until_closed(sock)
+        assert data.startswith(b"HTTP/1.1 429"), data[:200]
+        assert b"body_bytes_per_minute_per_address" in data
+        assert closed
+        with connect(server.url, "127.0.6.5") as sock:  # a full budget: 9,000 bytes pass
+            sock.sendall(_chunked(body, b" " * 3000, b" " * 3000))
+            data = sock.recv(65536)
+        assert data.startswith(b"HTTP/1.1 200"), data[:200]
