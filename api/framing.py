@@ -6,17 +6,20 @@ request carrying both `Transfer-Encoding` and `Content-Length`: h11 frames it by
 proxy in front may frame it by the length, and the difference is a request smuggled in the body
 (RFC 9112 §6.1: such a request is rejected or, at least, the connection closed after it). It is
 answered 400 `ambiguous_framing` with `Connection: close`, so nothing after it on that connection
-is read.
+is read; a WebSocket handshake so framed gets that answer instead of its 101.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from api.errors import error_body
 from api.headers import REQUEST_SCOPE, RESPONSE_HEADERS
 from ws.transport import CURRENT_STREAM
+
+log = logging.getLogger(__name__)
 
 ASGIApp = Callable[[Any, Any, Any], Awaitable[None]]
 
@@ -44,26 +47,39 @@ def with_framing_checks(app: ASGIApp, new_request_id: Callable[[], str]) -> ASGI
         finally:
             REQUEST_SCOPE.reset(published)
 
+    async def refuse(problem: str, receive: Any, send: Any, prefix: str) -> None:
+        """400 `ambiguous_framing`, closing the connection; for a WebSocket handshake, its
+        HTTP answer instead of the 101 (`prefix`: the ASGI messages' `websocket.`)."""
+        if prefix:
+            await receive()  # its `websocket.connect`
+        request_id = new_request_id()
+        body = error_body("ambiguous_framing", problem, request_id, None).encode()
+        await send(
+            {
+                "type": f"{prefix}http.response.start",
+                "status": 400,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"x-request-id", request_id.encode()),
+                    (b"connection", b"close"),
+                ],
+            }
+        )
+        await send({"type": f"{prefix}http.response.body", "body": body})
+
     async def _checked(scope: Any, receive: Any, send: Any) -> None:
+        problem = framing_problem(scope["headers"])
+        if problem is not None and scope["type"] == "http":
+            await refuse(problem, receive, send, "")
+            return
+        if problem is not None:  # a handshake is a request too: refused, not upgraded
+            try:
+                await refuse(problem, receive, send, "websocket.")
+            except Exception as exc:  # Hypercorn answered first (bytes came before the answer)
+                log.debug("ambiguous handshake not answered: %s: %s", type(exc).__name__, exc)
+            return
         if scope["type"] == "http":
-            problem = framing_problem(scope["headers"])
-            if problem is not None:
-                request_id = new_request_id()
-                body = error_body("ambiguous_framing", problem, request_id, None).encode()
-                await send(
-                    {
-                        "type": "http.response.start",
-                        "status": 400,
-                        "headers": [
-                            (b"content-type", b"application/json"),
-                            (b"content-length", str(len(body)).encode()),
-                            (b"x-request-id", request_id.encode()),
-                            (b"connection", b"close"),
-                        ],
-                    }
-                )
-                await send({"type": "http.response.body", "body": body})
-                return
 
             async def send_with_headers(message: Any) -> None:
                 if message["type"] == "http.response.start":

@@ -125,6 +125,33 @@ def test_content_length_with_transfer_encoding_is_refused_and_closes(server: Ser
         assert b"ambiguous_framing" in data
 
 
+def test_a_websocket_handshake_with_content_length_and_transfer_encoding_is_refused(
+    server: Server,
+) -> None:
+    """docs/limits.md, "Request framing": a handshake is a request too. It was upgraded (101),
+    and what a proxy framing by the length takes for a request in the body went to the socket."""
+    handshake = (
+        b"GET /v1/events HTTP/1.1\r\nHost: r\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+        b"Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
+    sock = connect(server.url, "127.0.3.9")
+    sock.sendall(handshake)
+    data, closed = read_until_closed(sock, limit=5)
+    sock.close()
+    assert data.startswith(b"HTTP/1.1 400 "), data
+    assert b"ambiguous_framing" in data
+    assert closed
+    # With its body in the same packet, Hypercorn refuses it before the app can (bytes before
+    # the answer): a 400 either way, and no traceback (the package fixture reads the log).
+    sock = connect(server.url, "127.0.3.9")
+    sock.sendall(handshake + b"0\r\n\r\n")
+    data, closed = read_until_closed(sock, limit=5)
+    sock.close()
+    assert data.startswith(b"HTTP/1.1 400 "), data
+    assert closed
+
+
 def test_malformed_or_conflicting_lengths_are_refused_and_close(server: Server) -> None:
     for lengths in (b"Content-Length: 2\r\nContent-Length: 3\r\n", b"Content-Length: +2\r\n"):
         sock = connect(server.url)
