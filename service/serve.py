@@ -40,6 +40,7 @@ from ws.transport import (
     PLAIN_ATTRIBUTE,
     ConnectionGuard,
     ConnectionLimits,
+    end_refused_handshakes,
     install_in_hypercorn,
     refuse_websocket_extensions,
 )
@@ -293,6 +294,7 @@ async def _serve(
             async def run_http(task_status: trio.TaskStatus[list[str]]) -> None:
                 # The event fan-out writes frames to the socket; connections are bounded.
                 refuse_websocket_extensions()  # no permessage-deflate (ws/transport.py)
+                end_refused_handshakes()  # Hypercorn's refusals end their connection
                 hooked = config.server.connection_hook and install_in_hypercorn()
                 if not config.server.connection_hook:
                     log.warning(

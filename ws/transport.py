@@ -866,6 +866,37 @@ def refuse_websocket_extensions() -> None:
         raise RuntimeError("Hypercorn's WebSocket handshake would still agree to an extension")
 
 
+def end_refused_handshakes() -> None:
+    """Make Hypercorn end a connection whose WebSocket handshake it refused itself (once; every
+    connection, hooked or not).
+
+    Hypercorn answers a handshake it cannot take (a `Sec-WebSocket-Version` other than 13, no
+    key, HTTP/1.0, bytes sent before its answer) with a 400 that says `connection: close`, then
+    leaves the connection as it is: nothing ends its stream, so the connection stayed open until
+    the keep-alive timeout (75 s), and a stopping server, which closes idle connections at once,
+    waited for it until the graceful timeout. Here the refusal also tells the app, if it was
+    started, that the client is gone, and ends the stream, as a finished answer does; Hypercorn
+    then closes the connection."""
+    from hypercorn.protocol import ws_stream
+    from hypercorn.protocol.events import Body, Data, Request, StreamClosed
+
+    stream = ws_stream.WSStream
+    if getattr(stream, "registry_ends_refusals", False):
+        return
+    handle = stream.handle
+
+    async def handled(self: Any, event: Any) -> None:
+        refusing = not self.closed and isinstance(event, Request | Body | Data)
+        await handle(self, event)
+        if refusing and self.closed:  # (only a refusal closes it on these events)
+            if self.app_put is not None:
+                await self.app_put({"type": "websocket.disconnect", "code": 1006})
+            await self.send(StreamClosed(stream_id=self.stream_id))
+
+    stream.handle = handled  # type: ignore[method-assign]
+    stream.registry_ends_refusals = True  # type: ignore[attr-defined]
+
+
 class IdleAtShutdown:
     """Closes a connection at shutdown once it is idle, for a connection whose `FrameStream`
     enforces the keep-alive timeout. Idle: Hypercorn has answered its last request (its idle

@@ -18,6 +18,7 @@ from tests.helpers import entry_template
 from tests.hostile.raw import (
     client_frame,
     close_code,
+    connect,
     health_from,
     read_until_closed,
     rss_kib,
@@ -285,3 +286,24 @@ def test_no_compression_is_negotiated_and_a_deflate_bomb_is_refused_unread(
         assert health_from(server.url, "127.0.4.1").status_code == 200
     grown = rss_kib(server.proc.pid) - baseline
     assert grown < 64 * 1024, f"the process grew by {grown} KiB"
+
+
+@pytest.mark.parametrize(
+    "head",
+    [b"Sec-WebSocket-Version: 8\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n", b""],
+    ids=["version-8", "no-key"],
+)
+def test_a_handshake_hypercorn_refuses_ends_its_connection(server: Server, head: bytes) -> None:
+    """Hypercorn's 400 to a handshake it cannot take says `connection: close`; the connection
+    stayed open until the keep-alive timeout (5 s here, 75 s by default), and held a stopping
+    server until its graceful timeout."""
+    sock = connect(server.url, "127.0.4.8")
+    sock.sendall(
+        b"GET /v1/events HTTP/1.1\r\nHost: r\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        + head
+        + b"\r\n"
+    )
+    data, closed = read_until_closed(sock, limit=2)
+    sock.close()
+    assert data.startswith(b"HTTP/1.1 400 "), data
+    assert closed, "still open 2 s after a connection: close answer"
