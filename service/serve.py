@@ -40,6 +40,7 @@ from ws.transport import (
     PLAIN_ATTRIBUTE,
     ConnectionGuard,
     ConnectionLimits,
+    bound_request_heads,
     end_refused_handshakes,
     install_in_hypercorn,
     refuse_websocket_extensions,
@@ -47,6 +48,8 @@ from ws.transport import (
 
 log = logging.getLogger("registry")
 
+# Header fields a request head may carry (Apache's LimitRequestFields; docs/limits.md).
+MAX_HEADER_FIELDS = 100
 GC_THRESHOLD = (50_000, 20, 20)  # bench/events.py; the default is (700, 10, 10)
 
 
@@ -295,6 +298,8 @@ async def _serve(
                 # The event fan-out writes frames to the socket; connections are bounded.
                 refuse_websocket_extensions()  # no permessage-deflate (ws/transport.py)
                 end_refused_handshakes()  # Hypercorn's refusals end their connection
+                # A request head: 16 KiB (Hypercorn's bound of one still arriving), 100 fields.
+                bound_request_heads(HyperConfig().h11_max_incomplete_size, MAX_HEADER_FIELDS)
                 hooked = config.server.connection_hook and install_in_hypercorn()
                 if not config.server.connection_hook:
                     log.warning(

@@ -55,6 +55,7 @@ import contextlib
 import logging
 import math
 import os
+import re
 import socket as stdlib_socket
 import struct
 from collections import deque
@@ -895,6 +896,49 @@ def end_refused_handshakes() -> None:
 
     stream.handle = handled  # type: ignore[method-assign]
     stream.registry_ends_refusals = True  # type: ignore[attr-defined]
+
+
+def bound_request_heads(most_bytes: int, most_fields: int) -> None:
+    """Make h11 refuse a request head of more than `most_bytes` (up to its blank line) or more
+    than `most_fields` header lines, with `431` and the connection closed, before it parses it
+    (once; every connection, hooked or not).
+
+    h11's `max_incomplete_event_size` (Hypercorn's `h11_max_incomplete_size`) bounds only a
+    head that has not yet arrived whole: one sent in a single write of up to 64 KiB (Hypercorn's
+    read size), or pipelined behind a small request, was parsed whatever its size. A head of
+    12,000 short lines cost ~40 ms of CPU (h11's parse, then Hypercorn's, Quart's and the app's
+    header lists) even on a path with no route, which spends no budget (hostile review: four
+    such connections took another client's health answer from 29 to 357 ms). Here the reader of
+    a request head looks at most `most_bytes` into h11's buffer for the blank line, and counts
+    the lines before it, before h11's own reader runs."""
+    import h11
+    from h11 import _readers
+    from h11._receivebuffer import ReceiveBuffer
+
+    key = (h11.CLIENT, h11.IDLE)
+    read: Any = _readers.READERS[key]
+    if getattr(read, "registry_bounded", False):
+        return
+    if not isinstance(getattr(ReceiveBuffer(), "_data", None), bytearray):
+        raise RuntimeError("h11's receive buffer keeps no bytearray: request heads are unbounded")
+    blank_line = re.compile(rb"\n\r?\n")  # h11's end of a head
+
+    def bounded(buf: Any) -> Any:
+        data = buf._data
+        end = blank_line.search(data, 0, most_bytes + 2)
+        if end is None and len(data) > most_bytes:
+            raise h11.LocalProtocolError(
+                f"request head over {most_bytes} bytes", error_status_hint=431
+            )
+        # The request line, each field, the blank line: a newline each.
+        if data.count(b"\n", 0, len(data) if end is None else end.end()) > most_fields + 2:
+            raise h11.LocalProtocolError(
+                f"request head of more than {most_fields} fields", error_status_hint=431
+            )
+        return read(buf)
+
+    bounded.registry_bounded = True  # type: ignore[attr-defined]
+    _readers.READERS[key] = bounded
 
 
 class IdleAtShutdown:
