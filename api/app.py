@@ -24,9 +24,16 @@ from api import (
 from api.errors import error_response
 from api.framing import with_framing_checks
 from api.headers import current_scope, header_lines
-from api.http import Deps, fresh_request_id, new_request_id
+from api.http import Deps, client_address, deps, fresh_request_id, new_request_id
 from api.observe import install, note_start
-from registry.errors import Invalid, MethodNotAllowed, NotFound, RegistryError, TooLarge
+from registry.errors import (
+    Invalid,
+    MethodNotAllowed,
+    NotFound,
+    RateLimited,
+    RegistryError,
+    TooLarge,
+)
 from registry.store.routing import MIN_SEQUENCE_HEADER, READ_FLOOR, parse_floor
 
 
@@ -137,6 +144,22 @@ def create_app(dependencies: Deps) -> QuartTrio:
         path = request.path if has_request_context() else websocket.path
         method = request.method if has_request_context() else "GET"
         mapped: RegistryError
+        if exc.code is not None and 400 <= exc.code < 500:
+            # No route took it (404, 405, a handshake werkzeug refused): it spends its
+            # address's read budget as a read does, else such requests were free to send
+            # without end (docs/limits.md).
+            d = deps()
+            spent = d.limiter.acquire("read", client_address(d.config))
+            if not spent.allowed:
+                return error_response(
+                    RateLimited(
+                        "read rate limit exceeded",
+                        retry_after=spent.retry_after,
+                        limit=spent.limit,
+                        code="read_rate_limited",
+                    ),
+                    new_request_id(),
+                )
         # A WebSocket handshake on a path that only HTTP serves (`/v1/health`) is werkzeug's
         # 400 `WebsocketMismatch`: for the handshake, that path has no route, as any other.
         if exc.code == 404 or (isinstance(exc, WebsocketMismatch) and not has_request_context()):

@@ -229,6 +229,29 @@ async def test_read_rate_limit_is_429_with_headers(database_url: str, tmp_path: 
     await with_harness(config, body)
 
 
+async def test_requests_no_route_takes_spend_the_address_read_budget(
+    database_url: str, tmp_path: Path
+) -> None:
+    """A 404 or 405 spent no budget: an address could send them without end (each a head
+    parsed, a request context, an error answer and an access line). They spend the address's
+    read budget as a read does."""
+    config = make_config(database_url, tmp_path, limits={"read_per_minute": 3})
+
+    async def body(h: Harness) -> None:
+        with trio.fail_after(30):
+            client = anon_client(h)
+            await error_of(await client.get("/nope"), 404, "route_not_found")
+            await error_of(await client.post("/v1/health"), 405, "method_not_allowed")
+            await error_of(await client.get("/v1/%2F"), 404, "route_not_found")
+            r = await client.get("/nope")
+            await error_of(r, 429, "read_rate_limited")
+            assert 1 <= int(r.headers["Retry-After"]) <= 60
+            # The same bucket as the routes' reads.
+            await error_of(await client.get("/v1/health"), 429, "read_rate_limited")
+
+    await with_harness(config, body)
+
+
 async def test_behind_a_proxy_the_budget_is_the_address_the_proxy_wrote(
     database_url: str, tmp_path: Path
 ) -> None:
