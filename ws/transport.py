@@ -910,7 +910,8 @@ def bound_request_heads(most_bytes: int, most_fields: int) -> None:
     header lists) even on a path with no route, which spends no budget (hostile review: four
     such connections took another client's health answer from 29 to 357 ms). Here the reader of
     a request head looks at most `most_bytes` into h11's buffer for the blank line, and counts
-    the lines before it, before h11's own reader runs."""
+    the lines before it, before h11's own reader runs. It also drops empty lines before a
+    request line, as RFC 9112 §2.2 asks of a server (h11 answered them 400)."""
     import h11
     from h11 import _readers
     from h11._receivebuffer import ReceiveBuffer
@@ -919,12 +920,21 @@ def bound_request_heads(most_bytes: int, most_fields: int) -> None:
     read: Any = _readers.READERS[key]
     if getattr(read, "registry_bounded", False):
         return
-    if not isinstance(getattr(ReceiveBuffer(), "_data", None), bytearray):
+    if not isinstance(getattr(ReceiveBuffer(), "_data", None), bytearray) or not hasattr(
+        ReceiveBuffer, "_extract"
+    ):
         raise RuntimeError("h11's receive buffer keeps no bytearray: request heads are unbounded")
     blank_line = re.compile(rb"\n\r?\n")  # h11's end of a head
 
     def bounded(buf: Any) -> Any:
         data = buf._data
+        if data[:1] in (b"\r", b"\n"):
+            # Empty lines before a request line are ignored (RFC 9112 §2.2: a client may send
+            # one after a POST's body); h11 refused them (400), and a pipelined request after
+            # one was lost. `_extract` also resets h11's search offsets.
+            buf._extract(len(data) - len(data.lstrip(b"\r\n")))
+            if not data:
+                return None
         end = blank_line.search(data, 0, most_bytes + 2)
         if end is None and len(data) > most_bytes:
             raise h11.LocalProtocolError(

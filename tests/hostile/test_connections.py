@@ -394,3 +394,18 @@ def test_a_head_of_100_fields_and_near_16_kib_is_served(server: Server) -> None:
     answer = sock.recv(12)
     sock.close()
     assert answer == b"HTTP/1.1 200"
+
+
+def test_empty_lines_before_a_request_line_are_ignored(server: Server) -> None:
+    """RFC 9112 §2.2: a server ignores at least one empty line before a request line (a client
+    may send one after a POST's body). h11 answered the pipelined second request 400."""
+    health = b"GET /v1/health HTTP/1.1\r\nHost: r\r\n\r\n"
+    sock = connect(server.url)
+    sock.sendall(b"\r\n" + health + b"\r\n\r\n" + health[:10])
+    sock.sendall(health[10:])
+    deadline = time.monotonic() + 10
+    data = b""
+    while data.count(b"HTTP/1.1 ") < 2 and time.monotonic() < deadline:
+        data += sock.recv(65536)
+    sock.close()
+    assert data.count(b"HTTP/1.1 200 ") == 2, data
