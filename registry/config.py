@@ -353,6 +353,34 @@ class Config(_Section):
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
 
+    @property
+    def held_connections(self) -> list[str]:
+        """What holds a pooled connection for the process's lifetime (`take(lasting=True)`):
+        the log actor's LISTEN and the leaderships' advisory locks, each held (or polled for)
+        by every process, leader or not."""
+        held = [] if self.database.read_url else ["the log's LISTEN"]
+        if self.transparency.enabled:
+            held.append("the transparency leadership")
+        if self.anchoring.enabled:
+            held.append("the anchoring leadership")
+        if any("sync" in p.kinds for p in self.federation.peers):
+            held.append("the federation leadership")
+        return held
+
+    @model_validator(mode="after")
+    def _pool_has_room(self) -> Config:
+        # Below this the held connections take every slot, and requests and actors wait for
+        # one forever: `serve` never got to serving with pool_max 1, and answered in tens of
+        # seconds (health "degraded") with 2.
+        held = self.held_connections
+        if self.database.pool_max <= len(held):
+            raise ValueError(
+                f"database.pool_max must be at least {len(held) + 1} with this configuration:"
+                f" {len(held)} connection(s) are held for the process's lifetime"
+                f" ({', '.join(held)}) and requests need at least one more"
+            )
+        return self
+
 
 # What a running process applies on SIGHUP (service/serve.py); every other key needs a restart.
 RELOADABLE = frozenset({"federation.peers", "auth.admin_dids"})
@@ -427,7 +455,8 @@ def load_config(
         for err in exc.errors(include_url=False, include_input=False):
             where = ".".join(str(p) for p in err["loc"])
             reason = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
-            problems.append(f"{where}: {reason.removeprefix('Value error, ')}")
+            reason = reason.removeprefix("Value error, ")
+            problems.append(f"{where}: {reason}" if where else reason)  # a rule across sections
         source = f" (from {path} and REGISTRY_* variables)" if path else ""
         raise ConfigError(
             "invalid configuration" + source + ":\n  " + "\n  ".join(problems)

@@ -309,3 +309,53 @@ def test_the_open_files_limit_is_raised_and_the_connection_cap_kept_below_it(
         assert connection_limits(config, 1 << 20).max_connections == 4096
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_pool_the_held_connections_would_fill_is_refused_at_load(tmp_path: Path) -> None:
+    """Each process holds a pooled connection for its lifetime for the log's LISTEN and for each
+    leadership (transparency, anchoring, federation with a peer to sync): with database.pool_max
+    at or below their number nothing else got a connection, and `serve` never got to serving
+    (pool_max 1) or answered a GET in tens of seconds, health "degraded" (pool_max 2)."""
+    cli = Cli(tmp_path)
+    config = cli.write("registry.toml", "[database]\npool_max = 3\n")
+    ran = cli(
+        *("serve", "--config", config, "--port", free_port()),
+        *("--database-url", "postgresql://postgres@127.0.0.1:1/x"),
+    )
+    assert (ran.status, "Traceback" in ran.stderr) == (2, False), ran.stderr
+    assert ran.stderr.splitlines()[1].strip() == (
+        "database.pool_max must be at least 4 with this configuration: 3"
+        " connection(s) are held for the process's lifetime (the log's LISTEN, the transparency"
+        " leadership, the anchoring leadership) and requests need at least one more"
+    )
+    off = {"transparency": {"enabled": False}, "anchoring": {"enabled": False}}
+    peer = {"peer_did": SigningKey.generate().did, "endpoint": "https://peer.example"}
+    for overrides, least in [
+        ({**off, "database": {"pool_max": 1}}, 2),
+        (
+            {
+                **off,
+                "database": {"pool_max": 1, "url": "postgresql://x", "read_url": "postgresql://y"},
+            },
+            0,
+        ),
+        ({**off, "federation": {"peers": [peer]}, "database": {"pool_max": 2}}, 3),
+    ]:
+        if least:
+            with pytest.raises(ConfigError, match=f"pool_max must be at least {least} "):
+                load_config(None, environ={}, overrides=overrides)
+        else:
+            assert load_config(None, environ={}, overrides=overrides).database.pool_max == 1
+
+
+def test_the_service_serves_at_once_with_the_smallest_pool_it_accepts(
+    database_url: str, tmp_path: Path
+) -> None:
+    """run_server turns anchoring off: the LISTEN and the transparency leadership are held,
+    and a third connection serves the requests."""
+    env = {"REGISTRY_DATABASE__POOL_MAX": "3", "REGISTRY_DATABASE__POOL_MIN": "1"}
+    with run_server(tmp_path, database_url=database_url, extra_env=env) as server:
+        health = httpx.get(f"{server.url}/v1/health", timeout=10).json()
+        assert health["status"] == "ok", health
+        answer = httpx.get(f"{server.url}/v1/entries/did:web:pool-probe.example", timeout=5)
+        assert answer.status_code == 404
