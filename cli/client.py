@@ -48,6 +48,30 @@ class RegistryClientError(Exception):
         super().__init__(f"{status} {self.code or ''}: {self.message}")
 
 
+class UnexpectedAnswer(RegistryClientError):
+    """A success answer no registry gives (`message` says what was wrong with it): not a
+    registry, or a broken one."""
+
+    def __init__(self, what: str, status: int, body: Any) -> None:
+        super().__init__(status, body)
+        self.message = what
+        self.args = (f"{status}: {what}",)
+
+
+def next_cursor(page: dict[str, Any], seen: set[str]) -> str | None:
+    """The cursor that asks for the page after `page`, None after the last page; `seen`, the
+    cursors asked with so far, is added to. A cursor given before would page forever."""
+    if not page.get("hasMore") or page.get("cursor") is None:
+        return None
+    cursor = str(page["cursor"])
+    if cursor in seen:
+        raise UnexpectedAnswer(
+            f"the page of cursor {cursor!r} again (paging would not end)", 200, page
+        )
+    seen.add(cursor)
+    return cursor
+
+
 def entry_path(did: str) -> str:
     """`/v1/entries/{did}`, the DID percent-encoded as one path segment (`%` as `%25`)."""
     return "/v1/entries/" + quote(did, safe=":")
@@ -226,12 +250,13 @@ class RegistryClient:
         self, did: str, *, page_size: int | None = None, cursor: str | None = None
     ) -> Iterator[dict[str, Any]]:
         """Every version (after `cursor`, if given), newest first, following the pages."""
+        seen = set() if cursor is None else {cursor}
         while True:
             page = self.versions(did, limit=page_size, cursor=cursor)
             yield from page["versions"]
-            if not page.get("hasMore") or page.get("cursor") is None:
+            cursor = next_cursor(page, seen)
+            if cursor is None:
                 return
-            cursor = str(page["cursor"])
 
     def lineage(self, did: str) -> dict[str, Any]:
         """`{entryDid, lineage}`: the `lineageReference` of the latest version, or null."""

@@ -620,14 +620,17 @@ def cmd_verify_anchor(args: argparse.Namespace) -> int:
             chain = load_local_chain(Path(args.chain))
         except OSError as exc:
             raise CliError(f"{args.chain}: {exc.strerror}", EXIT_USAGE) from None
+    from cli.client import next_cursor
+
     records: list[dict[str, Any]] = []
     with _client(args) as client:
         cursor: str | None = None
+        seen: set[str] = set()
         while True:
             page = client.anchors(args.did, cursor=cursor)
             records.extend(page["records"])
-            cursor = page.get("cursor")
-            if not page.get("hasMore") or cursor is None:
+            cursor = next_cursor(page, seen)
+            if cursor is None:
                 break
         anchored = [r for r in records if "anchor" in r]
         if not anchored:
@@ -673,8 +676,11 @@ def _versions_table(versions: list[dict[str, Any]]) -> list[str]:
 
 
 def cmd_versions(args: argparse.Namespace) -> int:
+    from cli.client import next_cursor
+
     printed: list[dict[str, Any]] = []
     cursor: str | None = args.cursor
+    seen = set() if cursor is None else {cursor}
     more = False
     with _client(args) as client:
         while args.limit is None or len(printed) < args.limit:
@@ -683,9 +689,9 @@ def cmd_versions(args: argparse.Namespace) -> int:
             taken = page["versions"][:want] if want is not None else page["versions"]
             printed += taken
             more = bool(page.get("hasMore")) or len(taken) < len(page["versions"])
-            if not page.get("hasMore") or page.get("cursor") is None:
+            cursor = next_cursor(page, seen)
+            if cursor is None:
                 break
-            cursor = str(page["cursor"])
     if args.json:
         for version in printed:
             print(json.dumps(version, ensure_ascii=False))
@@ -917,6 +923,10 @@ def _grant(capability: str) -> str:
 
 
 def _client_error(exc: RegistryClientError, url: str, did: str | None) -> str:
+    from cli.client import UnexpectedAnswer
+
+    if isinstance(exc, UnexpectedAnswer):
+        return f"{url} answered {exc.message}, which is not a registry answer; check --url"
     if exc.code is None:
         return f"{url} answered HTTP {exc.status}, which is not a registry answer; check --url"
     line = f"{exc.status} {exc.code}: {_one_line(exc.message)}"

@@ -1,0 +1,106 @@
+"""The client commands against a server that answers what no registry does (a small HTTP server
+in a thread): a cursor that does not move on, answers of the wrong shape, an answer without end.
+Each ends with one line that blames the server at --url, status 1, within the deadline."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+
+from registry.keys import SigningKey, write_key_file
+from tests.cli.cli_support import Cli
+
+DID = "did:web:hostile.example"
+
+
+@dataclass
+class Answers:
+    """What the server answers, by path: a status and a body (bytes, or chunks sent until the
+    client goes away)."""
+
+    by_path: dict[str, Callable[[], tuple[int, bytes | Iterable[bytes]]]] = field(
+        default_factory=dict
+    )
+    asked: list[str] = field(default_factory=list)
+
+    def json(self, path: str, value: Any, status: int = 200) -> None:
+        self.by_path[path] = lambda: (status, json.dumps(value).encode())
+
+
+@pytest.fixture
+def fake(tmp_path: Path) -> Iterator[tuple[Answers, Cli]]:
+    answers = Answers()
+
+    class Handler(BaseHTTPRequestHandler):
+        def _answer(self) -> None:
+            path = urlsplit(self.path).path
+            answers.asked.append(self.path)
+            status, body = answers.by_path.get(path, lambda: (404, b"{}"))()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            if isinstance(body, bytes):
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return
+            self.end_headers()  # no length: the body ends when the connection does
+            try:
+                for chunk in body:
+                    self.wfile.write(chunk)
+            except OSError:  # the client went away
+                pass
+
+        do_GET = do_POST = do_PUT = do_DELETE = _answer
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    httpd.daemon_threads = True
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    cli = Cli(tmp_path, f"http://127.0.0.1:{httpd.server_address[1]}")
+    write_key_file(tmp_path / "me.key", SigningKey.generate())
+    try:
+        yield answers, cli
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def _blames_the_server(cli: Cli, line: str) -> None:
+    assert line.startswith(f"registry: {cli.url} answered "), line
+    assert line.endswith("which is not a registry answer; check --url"), line
+
+
+@pytest.mark.parametrize("cursor", [None, "7"])
+def test_versions_stops_at_a_page_whose_cursor_came_before(
+    fake: tuple[Answers, Cli], cursor: str | None
+) -> None:
+    """A server answering every page with the same cursor (and hasMore) was followed forever:
+    `registry versions` printed nothing, its memory grew, and it never ended."""
+    answers, cli = fake
+    version = {"entryDid": DID, "sequence": 7, "version": "1.0.0", "name": "x"}
+    page = {"entryDid": DID, "versions": [version], "cursor": "7", "hasMore": True}
+    answers.json(f"/v1/entries/{DID}/versions", page)
+    ran = cli("versions", DID, *(() if cursor is None else ("--cursor", cursor)))
+    _blames_the_server(cli, ran.error_line())
+    assert "cursor '7' again" in ran.stderr
+    assert len(answers.asked) <= 2
+
+
+def test_verify_anchor_stops_at_a_page_whose_cursor_came_before(fake: tuple[Answers, Cli]) -> None:
+    answers, cli = fake
+    page = {"records": [], "cursor": "abc", "hasMore": True}
+    answers.json(f"/v1/anchors/{DID}", page)
+    ran = cli("verify-anchor", DID)
+    _blames_the_server(cli, ran.error_line())
+    assert len(answers.asked) == 2
