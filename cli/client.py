@@ -37,10 +37,11 @@ class RegistryClientError(Exception):
     def __init__(self, status: int, body: Any) -> None:
         error = body.get("error") if isinstance(body, dict) else None
         error = error if isinstance(error, dict) else {}
+        code, details = error.get("code"), error.get("details")
         self.status = status
         self.body = body
-        self.code: str | None = error.get("code")
-        self.details: dict[str, Any] = error.get("details") or {}
+        self.code: str | None = code if isinstance(code, str) else None
+        self.details: dict[str, Any] = details if isinstance(details, dict) else {}
         if self.code is not None:
             self.message = str(error.get("message", ""))
         else:
@@ -56,6 +57,18 @@ class UnexpectedAnswer(RegistryClientError):
         super().__init__(status, body)
         self.message = what
         self.args = (f"{status}: {what}",)
+
+
+def _not_json(constant: str) -> Any:
+    """NaN and Infinity, which Python's parser takes and JSON (and so a registry) has not."""
+    raise ValueError(f"{constant} is not JSON")
+
+
+def _objects(items: Any, what: str) -> list[dict[str, Any]]:
+    """`items`, which must be an array of objects (the commands read their members)."""
+    if not isinstance(items, list) or not all(isinstance(item, dict) for item in items):
+        raise UnexpectedAnswer(f"HTTP 200 whose {what} are not objects", 200, items)
+    return items
 
 
 def next_cursor(page: dict[str, Any], seen: set[str]) -> str | None:
@@ -99,21 +112,39 @@ class RegistryClient:
     def close(self) -> None:
         self._http.close()
 
-    def _request(self, method: str, path: str, *, idempotent: bool = False, **kwargs: Any) -> Any:
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        idempotent: bool = False,
+        want: type[dict[str, Any]] | type[list[Any]] | None = None,
+        members: tuple[str, ...] = (),
+        **kwargs: Any,
+    ) -> Any:
+        """The answer's JSON; with `want`, it must be of that type (and a dict have `members`),
+        else it is an `UnexpectedAnswer` (the commands read its members)."""
         headers: dict[str, str] = kwargs.pop("headers", {})
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
         if idempotent:
             headers.setdefault("Idempotency-Key", str(uuid.uuid4()))
         response = self._http.request(method, path, headers=headers, **kwargs)
+        status = response.status_code
         try:
-            body = response.json()
-        except ValueError:
+            body = response.json(parse_constant=_not_json)
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than Python reads
             body = response.text
-            if response.status_code < 400:  # every registry answer is JSON: this is not one
-                raise RegistryClientError(response.status_code, body) from None
-        if response.status_code >= 400:
-            raise RegistryClientError(response.status_code, body)
+            if status < 400:  # every registry answer is JSON: this is not one
+                raise RegistryClientError(status, body) from None
+        if status >= 400:
+            raise RegistryClientError(status, body)
+        if want is not None and not isinstance(body, want):
+            kind = "an object" if want is dict else "an array"
+            raise UnexpectedAnswer(f"HTTP {status} with JSON that is not {kind}", status, body)
+        missing = [m for m in members if m not in body]
+        if missing:
+            raise UnexpectedAnswer(f"HTTP {status} without {', '.join(missing)}", status, body)
         return body
 
     @staticmethod
@@ -124,9 +155,13 @@ class RegistryClient:
         """Challenge → sign → verify; keeps the session token for later calls."""
         from registry.signin import build_response  # pydantic models: not for plain reads
 
-        challenge = self._request("POST", "/v1/auth/siws/challenge", json={"audience": audience})[
-            "challenge"
-        ]
+        challenge = self._request(
+            "POST",
+            "/v1/auth/siws/challenge",
+            json={"audience": audience},
+            want=dict,
+            members=("challenge",),
+        )["challenge"]
         result: dict[str, Any] = self._request(
             "POST",
             "/v1/auth/siws/verify",
@@ -135,18 +170,24 @@ class RegistryClient:
                 "challenge": challenge,
                 "response": build_response(challenge, key),
             },
+            want=dict,
+            members=("sessionToken", "expiresAtMs"),
         )
         self.token = result["sessionToken"]
         return result
 
     def session(self) -> dict[str, Any]:
-        result: dict[str, Any] = self._request("GET", "/v1/auth/session")
+        result: dict[str, Any] = self._request("GET", "/v1/auth/session", want=dict)
         return result
 
     def logout(self, *, idempotency_key: str | None = None) -> dict[str, Any]:
         """Revoke this client's session; the token is forgotten."""
         result: dict[str, Any] = self._request(
-            "POST", "/v1/auth/logout", idempotent=True, headers=self._idem(idempotency_key)
+            "POST",
+            "/v1/auth/logout",
+            idempotent=True,
+            headers=self._idem(idempotency_key),
+            want=dict,
         )
         self.token = None
         return result
@@ -159,7 +200,12 @@ class RegistryClient:
 
         signed = sign_entry(entry, key)
         result: dict[str, Any] = self._request(
-            "POST", "/v1/entries", idempotent=True, json=signed, headers=self._idem(idempotency_key)
+            "POST",
+            "/v1/entries",
+            idempotent=True,
+            json=signed,
+            headers=self._idem(idempotency_key),
+            want=dict,
         )
         return result
 
@@ -182,24 +228,32 @@ class RegistryClient:
             idempotent=True,
             json=signed,
             headers=self._idem(idempotency_key),
+            want=dict,
         )
         return result
 
     def get(self, did: str) -> dict[str, Any]:
         """The latest version of an entry."""
-        result: dict[str, Any] = self._request("GET", entry_path(did))
+        result: dict[str, Any] = self._request(
+            "GET", entry_path(did), want=dict, members=("sequence",)
+        )
         return result
 
     def anchors(self, did: str, *, cursor: str | None = None) -> dict[str, Any]:
         """One page of the entry's anchor intents (GET /v1/anchors/{did})."""
         path = "/v1/anchors/" + entry_path(did).removeprefix("/v1/entries/")
         params = {} if cursor is None else {"cursor": cursor}
-        result: dict[str, Any] = self._request("GET", path, params=params)
+        result: dict[str, Any] = self._request(
+            "GET", path, params=params, want=dict, members=("records",)
+        )
+        _objects(result["records"], "records")
         return result
 
     def version(self, did: str, sequence: int) -> dict[str, Any]:
         """One version of an entry, by its `sequence`."""
-        result: dict[str, Any] = self._request("GET", f"{entry_path(did)}/versions/{sequence}")
+        result: dict[str, Any] = self._request(
+            "GET", f"{entry_path(did)}/versions/{sequence}", want=dict, members=("sequence",)
+        )
         return result
 
     # --- the verifiable log (docs/transparency.md) -------------------------------------------
@@ -243,7 +297,10 @@ class RegistryClient:
             params["limit"] = limit
         if cursor is not None:
             params["cursor"] = cursor
-        result: dict[str, Any] = self._request("GET", f"{entry_path(did)}/versions", params=params)
+        result: dict[str, Any] = self._request(
+            "GET", f"{entry_path(did)}/versions", params=params, want=dict, members=("versions",)
+        )
+        _objects(result["versions"], "versions")
         return result
 
     def iter_versions(
@@ -260,13 +317,17 @@ class RegistryClient:
 
     def lineage(self, did: str) -> dict[str, Any]:
         """`{entryDid, lineage}`: the `lineageReference` of the latest version, or null."""
-        result: dict[str, Any] = self._request("GET", f"{entry_path(did)}/lineage")
+        result: dict[str, Any] = self._request("GET", f"{entry_path(did)}/lineage", want=dict)
         return result
 
     def delete(self, did: str, *, idempotency_key: str | None = None) -> dict[str, Any]:
         """Delete an entry (publisher or admin): answers the tombstone; the DID is never reused."""
         result: dict[str, Any] = self._request(
-            "DELETE", entry_path(did), idempotent=True, headers=self._idem(idempotency_key)
+            "DELETE",
+            entry_path(did),
+            idempotent=True,
+            headers=self._idem(idempotency_key),
+            want=dict,
         )
         return result
 
@@ -274,18 +335,18 @@ class RegistryClient:
 
     def peers(self) -> list[dict[str, Any]]:
         """The registry's federation peers (GET /v1/federation/peers)."""
-        result: list[dict[str, Any]] = self._request("GET", "/v1/federation/peers")
-        return result
+        result = self._request("GET", "/v1/federation/peers", want=list)
+        return _objects(result, "peers")
 
     def overview(self) -> dict[str, Any]:
         """Deep health, log head, peers with their quarantined entries, anchoring (admin)."""
-        result: dict[str, Any] = self._request("GET", "/v1/admin/overview")
+        result: dict[str, Any] = self._request("GET", "/v1/admin/overview", want=dict)
         return result
 
     def peer_status(self) -> list[dict[str, Any]]:
         """Each peer's sync status: breaker, cursor, lag, latency, quarantines (admin)."""
-        result: list[dict[str, Any]] = self._request("GET", "/v1/admin/federation/peers")
-        return result
+        result = self._request("GET", "/v1/admin/federation/peers", want=list)
+        return _objects(result, "peers")
 
     def register_peer_endpoint(
         self, endpoint: str, *, idempotency_key: str | None = None
@@ -297,10 +358,13 @@ class RegistryClient:
             idempotent=True,
             json={"endpoint": endpoint},
             headers=self._idem(idempotency_key),
+            want=dict,
         )
         return result
 
     def discover_federated(self, query: dict[str, Any]) -> dict[str, Any]:
         """POST /v1/discover/federated: local and peers' results merged (needs a session)."""
-        result: dict[str, Any] = self._request("POST", "/v1/discover/federated", json=query)
+        result: dict[str, Any] = self._request(
+            "POST", "/v1/discover/federated", json=query, want=dict
+        )
         return result

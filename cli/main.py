@@ -940,7 +940,11 @@ def _client_error(exc: RegistryClientError, url: str, did: str | None) -> str:
     if exc.code in ("entry_not_found", "version_not_found") and isinstance(did, str):
         line += f" ({did} at {url})"
     if exc.code in ("read_rate_limited", "write_rate_limited"):
-        line += f"; retry in {int(float(exc.details.get('retryAfterSeconds', 1)) + 1)} s"
+        try:
+            wait = int(float(exc.details.get("retryAfterSeconds", 1))) + 1
+        except (TypeError, ValueError, OverflowError):  # not a number of seconds: not ours
+            wait = 1
+        line += f"; retry in {wait} s"
     if exc.code == "entry_is_replica":
         line += f"; it is {exc.details.get('origin', 'another registry')}'s entry: write it there"
     if exc.code == "version_exists":

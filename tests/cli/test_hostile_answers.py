@@ -104,3 +104,67 @@ def test_verify_anchor_stops_at_a_page_whose_cursor_came_before(fake: tuple[Answ
     ran = cli("verify-anchor", DID)
     _blames_the_server(cli, ran.error_line())
     assert len(answers.asked) == 2
+
+
+SHAPES = [
+    pytest.param(b"[]", "HTTP 200 with JSON that is not an object", id="array"),
+    pytest.param(b"{}", "HTTP 200 without", id="empty-object"),
+    pytest.param(b'{"sequence": NaN}', "HTTP 200, which", id="nan"),
+    pytest.param(b"[" * 100_000 + b"]" * 100_000, "HTTP 200, which", id="too-deep"),
+]
+
+
+@pytest.mark.parametrize(("body", "says"), SHAPES)
+@pytest.mark.parametrize(
+    "command",
+    [["get", DID], ["update", "entry.json", "--key", "me.key"], ["login", "--key", "me.key"]],
+)
+def test_an_answer_of_another_shape_blames_the_server(
+    fake: tuple[Answers, Cli], body: bytes, says: str, command: list[str]
+) -> None:
+    """A success answer that is not the registry's (another JSON API at --url, a broken
+    proxy) ended as `unexpected error: KeyError ... (a bug; ...)`, blaming the command."""
+    answers, cli = fake
+    cli.write("entry.json", {"entryDid": DID, "itemData": {}})
+    for path in (f"/v1/entries/{DID}", "/v1/auth/siws/challenge"):
+        answers.by_path[path] = lambda: (200, body)
+    line = cli(*command).error_line()
+    _blames_the_server(cli, line)
+    assert f"answered {says}" in line, line
+
+
+@pytest.mark.parametrize(
+    ("command", "path", "value", "says"),
+    [
+        (["versions", DID], f"/v1/entries/{DID}/versions", {"versions": [1]}, "versions are not"),
+        (["versions", DID], f"/v1/entries/{DID}/versions", {"hasMore": False}, "without versions"),
+        (["verify-anchor", DID], f"/v1/anchors/{DID}", {"records": "x"}, "records are not"),
+        (["peers"], "/v1/federation/peers", [None], "peers are not objects"),
+        (["peers"], "/v1/federation/peers", {"peers": []}, "not an array"),
+    ],
+)
+def test_a_page_of_another_shape_blames_the_server(
+    fake: tuple[Answers, Cli], command: list[str], path: str, value: Any, says: str
+) -> None:
+    answers, cli = fake
+    answers.json(path, value)
+    line = cli(*command).error_line()
+    _blames_the_server(cli, line)
+    assert says in line, line
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        {"code": 5, "message": "x"},
+        {"code": "read_rate_limited", "message": "x", "details": {"retryAfterSeconds": "soon"}},
+        {"code": "read_rate_limited", "message": "x", "details": [1]},
+    ],
+)
+def test_an_error_answer_of_another_shape_is_one_line(
+    fake: tuple[Answers, Cli], error: dict[str, Any]
+) -> None:
+    answers, cli = fake
+    answers.json(f"/v1/entries/{DID}", {"error": error}, status=429)
+    line = cli("get", DID).error_line()
+    assert "unexpected error" not in line, line
