@@ -15,8 +15,8 @@ import logging
 import os
 import resource
 import signal
-from collections.abc import Callable, Iterator
-from contextlib import AsyncExitStack, contextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AsyncExitStack, contextmanager, nullcontext
 from functools import partial
 from pathlib import Path
 
@@ -157,36 +157,37 @@ async def _watch_signals(stop: trio.Event) -> None:
             return
 
 
-async def _watch_reloads(reload: Callable[[], Config], service: Service) -> None:
+async def _watch_reloads(
+    reload: Callable[[], Config], signals: AsyncIterator[int], service: Service
+) -> None:
     """SIGHUP: read the configuration again and apply what can change while running (the
     federation peers, `auth.admin_dids`); anything else needs a restart, and the keys changed
     that are not applied are named. A bad file is logged and ignored."""
-    with trio.open_signal_receiver(signal.SIGHUP) as signals:
-        async for _ in signals:
-            try:
-                fresh = reload()
-            except Exception as exc:  # a bad file must not stop a running registry
-                log.error("configuration reload refused, keeping the running one: %s", exc)
-                continue
-            ignored = [k for k in changed_keys(service.config, fresh) if k not in RELOADABLE]
-            if ignored:
-                log.warning(
-                    "configuration reload: %s changed, not applied: they take effect at the"
-                    " next restart",
-                    ", ".join(ignored),
-                )
-            before = {p.peer_did for p in service.federation.peers}
-            after = {p.peer_did for p in fresh.federation.peers}
-            service.federation.reconfigure(fresh.federation.peers)
-            service.deps.sessions.admin_dids = tuple(fresh.auth.admin_dids)
-            log.info(
-                "configuration reloaded: %d federation peer(s) (%d added, %d removed),"
-                " %d admin DID(s) (granted at the next sign-in)",
-                len(after),
-                len(after - before),
-                len(before - after),
-                len(fresh.auth.admin_dids),
+    async for _ in signals:
+        try:
+            fresh = reload()
+        except Exception as exc:  # a bad file must not stop a running registry
+            log.error("configuration reload refused, keeping the running one: %s", exc)
+            continue
+        ignored = [k for k in changed_keys(service.config, fresh) if k not in RELOADABLE]
+        if ignored:
+            log.warning(
+                "configuration reload: %s changed, not applied: they take effect at the"
+                " next restart",
+                ", ".join(ignored),
             )
+        before = {p.peer_did for p in service.federation.peers}
+        after = {p.peer_did for p in fresh.federation.peers}
+        service.federation.reconfigure(fresh.federation.peers)
+        service.deps.sessions.admin_dids = tuple(fresh.auth.admin_dids)
+        log.info(
+            "configuration reloaded: %d federation peer(s) (%d added, %d removed),"
+            " %d admin DID(s) (granted at the next sign-in)",
+            len(after),
+            len(after - before),
+            len(before - after),
+            len(fresh.auth.admin_dids),
+        )
 
 
 async def _start(
@@ -242,16 +243,21 @@ async def serve(
     no address is reported (`[]`)."""
     stop = stop or trio.Event()
     serving = trio.Event()
-    async with trio.open_nursery() as watchers:
-        if handle_signals:
-            watchers.start_soon(_watch_signals, stop)
-        with trio.CancelScope() as whole:
-            watchers.start_soon(_abandon_start, stop, serving, whole)
-            await _serve(config, reload, stop, serving, handle_signals, task_status)
-        watchers.cancel_scope.cancel()
-    if whole.cancelled_caught:  # abandoned before serving: no address was bound
-        log.info("stopped")
-        task_status.started([])
+    # SIGHUP is taken for the whole run (its default ends the process): one that comes while
+    # the service starts (the embedded PostgreSQL, the migrations) is applied once it runs,
+    # and one after the service has stopped is dropped.
+    reloads = handle_signals and reload is not None
+    with trio.open_signal_receiver(signal.SIGHUP) if reloads else nullcontext() as hups:
+        async with trio.open_nursery() as watchers:
+            if handle_signals:
+                watchers.start_soon(_watch_signals, stop)
+            with trio.CancelScope() as whole:
+                watchers.start_soon(_abandon_start, stop, serving, whole)
+                await _serve(config, reload, hups, stop, serving, task_status)
+            watchers.cancel_scope.cancel()
+        if whole.cancelled_caught:  # abandoned before serving: no address was bound
+            log.info("stopped")
+            task_status.started([])
 
 
 async def _abandon_start(stop: trio.Event, serving: trio.Event, whole: trio.CancelScope) -> None:
@@ -270,9 +276,9 @@ async def _stop_embedded(embedded: EmbeddedPostgres) -> None:
 async def _serve(
     config: Config,
     reload: Callable[[], Config] | None,
+    hups: AsyncIterator[int] | None,
     stop: trio.Event,
     serving: trio.Event,
-    handle_signals: bool,
     task_status: trio.TaskStatus[list[str]],
 ) -> None:
     data_dir = config.server.data_dir
@@ -290,8 +296,8 @@ async def _serve(
             trim = malloc_trimmer() if config.server.memory_trim_seconds else None
             if trim is not None:
                 nursery.start_soon(trim_every, config.server.memory_trim_seconds, trim)
-            if handle_signals and reload is not None:
-                nursery.start_soon(_watch_reloads, reload, service)
+            if reload is not None and hups is not None:
+                nursery.start_soon(_watch_reloads, reload, hups, service)
             http_done = trio.Event()
 
             async def run_http(task_status: trio.TaskStatus[list[str]]) -> None:

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import signal
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import asyncpg
 import httpx
 
 from cli.client import RegistryClient
 from registry.keys import SigningKey
-from tests.db.proc import run_server
+from registry.store.migrate import _ADVISORY_KEY
+from tests.db.proc import run_server, wait_healthy
 
 DEADLINE_S = 30
 
@@ -59,3 +65,56 @@ def test_a_reload_names_the_changed_keys_it_does_not_apply(
         assert "anchoring.batch_size, metrics.open" in line
         assert "restart" in line
         assert httpx.get(f"{server.url}/metrics").status_code == 401  # still closed
+
+
+@contextmanager
+def migrations_held(database_url: str) -> Iterator[threading.Event]:
+    """Hold the migration runner's advisory lock (a `serve` starting meanwhile waits in its
+    migrations) until the event is set or the block ends."""
+    release, held = threading.Event(), threading.Event()
+
+    async def hold() -> None:
+        conn = await asyncpg.connect(database_url)
+        try:
+            await conn.execute("SELECT pg_advisory_lock($1)", _ADVISORY_KEY)
+            held.set()
+            await asyncio.get_running_loop().run_in_executor(None, release.wait)
+        finally:
+            await conn.close()
+
+    thread = threading.Thread(target=asyncio.run, args=(hold(),))
+    thread.start()
+    try:
+        assert held.wait(DEADLINE_S)
+        yield release
+    finally:
+        release.set()
+        thread.join(DEADLINE_S)
+
+
+def test_a_sighup_while_starting_is_applied_once_serving(database_url: str, tmp_path: Path) -> None:
+    """SIGHUP was taken only once serving; before (the embedded PostgreSQL starting, the
+    migrations running) its default action ended the process: `systemctl reload` during a
+    start killed the registry (and left its embedded cluster running)."""
+    key = SigningKey.generate()
+    config = tmp_path / "registry.toml"
+    config.write_text("[auth]\nadmin_dids = []\n")
+    with (
+        migrations_held(database_url) as release,
+        run_server(
+            tmp_path / "node", database_url=database_url, config=config, healthy=False
+        ) as server,
+    ):
+        deadline = time.monotonic() + DEADLINE_S
+        while "registry DID" not in server.output():  # logged once SIGHUP is taken
+            assert server.proc.poll() is None, server.output()
+            assert time.monotonic() < deadline, server.output()
+            time.sleep(0.05)
+        config.write_text(f'[auth]\nadmin_dids = ["{key.did}"]\n')
+        server.proc.send_signal(signal.SIGHUP)
+        release.set()
+        wait_healthy(server, DEADLINE_S)
+        while "1 admin DID(s)" not in server.output():
+            assert time.monotonic() < deadline, server.output()
+            time.sleep(0.05)
+        assert "admin" in _capabilities(server.url, key)
