@@ -20,6 +20,7 @@ from typing import Any
 import trio
 from trio_websocket import (
     ConnectionClosed,
+    ConnectionRejected,
     HandshakeError,
     WebSocketConnection,
     open_websocket_url,
@@ -32,7 +33,12 @@ FINAL_CLOSES = {4400: "the server refused a message", 4401: "session missing or 
 
 
 class WatchError(Exception):
-    """The server refused the subscription; retrying would not help."""
+    """The server refused the subscription, or is no registry's event stream; retrying would
+    not help."""
+
+
+def _not_events(url: str, what: str) -> WatchError:
+    return WatchError(f"{url} {what}, which is not a registry's event stream; check --url")
 
 
 @dataclass
@@ -104,6 +110,12 @@ class Watcher:
                     finally:
                         # trio-websocket leaks its stream when the server closes first.
                         await ws._stream.aclose()
+            except ConnectionRejected as rejected:  # an HTTP answer instead of the upgrade
+                status = rejected.status_code
+                if status != 429 and status < 500:  # not a passing overload: it will not change
+                    raise _not_events(url, f"answered HTTP {status} to the upgrade") from None
+                failures += 1
+                what = f"refused the connection (HTTP {status})"
             except ConnectionClosed as closed:
                 code = closed.reason.code if closed.reason else 1006
                 reason = (closed.reason.reason if closed.reason else None) or ""
@@ -123,24 +135,37 @@ class Watcher:
     async def _follow(self, ws: WebSocketConnection) -> bool:
         """Subscribe and print events; True once `max_events` were printed."""
         await ws.send_message(self._subscription())
+        url = events_url(self.options.url)
         while True:
             text = await ws.get_message()
-            message = json.loads(text)
+            try:
+                message = json.loads(text)
+            except ValueError:  # also bytes that are not UTF-8
+                raise _not_events(url, "sent a message that is not JSON") from None
+            if not isinstance(message, dict):
+                raise _not_events(url, "sent a message that is not a JSON object")
             kind = message.get("type")
             if kind == "event":
+                sequence = message.get("sequence")
+                if not _is_sequence(sequence):
+                    raise _not_events(url, "sent an event without a sequence")
                 self.out(text if isinstance(text, str) else text.decode())
-                self.position = message["sequence"]
+                self.position = sequence
                 self.printed += 1
                 if self.options.max_events is not None and self.printed >= self.options.max_events:
                     await ws.aclose()
                     return True
             elif kind == "subscribed":
-                self.position = message["fromSequence"]
+                position = message.get("fromSequence")
+                if not _is_sequence(position):
+                    raise _not_events(url, "confirmed a subscription without a sequence")
+                self.position = position
                 self.subscribed.set()
-            elif kind == "heartbeat" and message.get("lastSequence") is not None:
+            elif kind == "heartbeat" and _is_sequence(message.get("lastSequence")):
                 self.position = max(self.position or 0, message["lastSequence"])
             elif kind == "error":
-                error = message.get("error", {})
+                error = message.get("error")
+                error = error if isinstance(error, dict) else {}
                 raise WatchError(f"{error.get('code')}: {error.get('message')}")
 
     def _resume_from_reason(self, reason: str) -> None:
@@ -150,3 +175,7 @@ class Watcher:
             return
         if isinstance(last, int) and last >= (self.position or 0):
             self.position = last
+
+
+def _is_sequence(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0

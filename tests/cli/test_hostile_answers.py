@@ -5,20 +5,26 @@ Each ends with one line that blames the server at --url, status 1, within the de
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+import trio
+from trio_websocket import WebSocketRequest, serve_websocket
 
+from cli.watch import Watcher, WatchError, WatchOptions
 from registry.keys import SigningKey, write_key_file
 from tests.cli.cli_support import Cli
 
 DID = "did:web:hostile.example"
+DEADLINE = 30
 
 
 @dataclass
@@ -168,3 +174,47 @@ def test_an_error_answer_of_another_shape_is_one_line(
     answers.json(f"/v1/entries/{DID}", {"error": error}, status=429)
     line = cli("get", DID).error_line()
     assert "unexpected error" not in line, line
+
+
+def test_watch_against_a_server_that_is_no_event_stream(fake: tuple[Answers, Cli]) -> None:
+    """An HTTP answer to the WebSocket upgrade (a 404 from a server without /v1/events) was
+    retried forever, each attempt a line with the raw response headers."""
+    answers, cli = fake
+    answers.json("/v1/health", {"status": "ok"})
+    line = cli("watch", "--max-events", "1").error_line()
+    assert line == (
+        f"registry: watch: {cli.url.replace('http', 'ws')}/v1/events answered HTTP 404 to the"
+        " upgrade, which is not a registry's event stream; check --url"
+    )
+
+
+@pytest.mark.parametrize(
+    ("messages", "says"),
+    [
+        (["not json"], "a message that is not JSON"),
+        (["[1, 2]"], "not a JSON object"),
+        (['{"type": "subscribed"}'], "a subscription without a sequence"),
+        (['{"type": "subscribed", "fromSequence": 0}', '{"type": "event"}'], "without a sequence"),
+        (['{"type": "error", "error": "no"}'], "None: None"),
+    ],
+)
+async def test_watch_ends_at_a_message_no_registry_sends(messages: list[str], says: str) -> None:
+    """Each ended the watch with `unexpected error: JSONDecodeError ... (a bug; ...)` (or a
+    KeyError, AttributeError)."""
+
+    async def handler(request: WebSocketRequest) -> None:
+        ws = await request.accept()
+        await ws.get_message()  # the subscription
+        for message in messages:
+            await ws.send_message(message)
+        await trio.sleep_forever()  # until the client goes
+
+    with trio.fail_after(DEADLINE):
+        async with trio.open_nursery() as nursery:
+            server = await nursery.start(partial(serve_websocket, handler, "127.0.0.1", 0, None))
+            url = f"http://127.0.0.1:{server.port}"
+            notes: list[str] = []
+            with pytest.raises(WatchError, match=re.escape(says)):
+                await Watcher(WatchOptions(url=url), lambda line: None, note=notes.append).run()
+            assert notes == []  # not retried
+            nursery.cancel_scope.cancel()
