@@ -320,16 +320,29 @@ def _now_ms() -> int:
 
 
 def _load_sessions() -> list[dict[str, Any]]:
-    """The saved sessions; a missing or unreadable file is no sessions."""
+    """The saved sessions; a missing or unreadable file is no sessions, and a session of
+    another form (a file edited by hand) is none."""
     try:
         data = json.loads(session_file().read_text())
     except (OSError, ValueError):
         return []
     if isinstance(data, dict) and isinstance(data.get("sessions"), list):
-        return [s for s in data["sessions"] if isinstance(s, dict) and s.get("sessionToken")]
-    if isinstance(data, dict) and data.get("sessionToken"):  # the earlier one-session format
+        return [s for s in data["sessions"] if _is_session(s)]
+    if isinstance(data, dict) and _is_session(data):  # the earlier one-session format
         return [{**data, "did": data.get("signerDid")}]
     return []
+
+
+def _is_session(saved: Any) -> bool:
+    """A saved session as `_save_session` writes it (the members the commands read)."""
+    if not isinstance(saved, dict) or not isinstance(saved.get("sessionToken"), str):
+        return False
+    if not isinstance(saved.get("url", ""), str):
+        return False
+    return all(
+        isinstance(saved.get(m, 0), int) and not isinstance(saved.get(m), bool)
+        for m in ("expiresAtMs", "savedAtMs")
+    )
 
 
 def _store_sessions(sessions: list[dict[str, Any]]) -> None:

@@ -132,3 +132,22 @@ def test_watch_max_events_below_1_is_a_usage_error(offline: Cli, count: str) -> 
     assert ran.stderr.splitlines()[-1] == (
         f"registry watch: error: argument --max-events: must be at least 1, not {count}"
     )
+
+
+@pytest.mark.parametrize(
+    "saved",
+    [
+        {"sessionToken": "t", "expiresAtMs": "soon"},
+        {"sessionToken": "t", "expiresAtMs": 1e400},
+        {"sessionToken": "t", "expiresAtMs": 99999999999999, "savedAtMs": "x"},
+        {"sessionToken": ["t"], "expiresAtMs": 99999999999999},
+    ],
+)
+def test_a_session_file_edited_into_another_form_is_no_session(
+    offline: Cli, saved: dict[str, object]
+) -> None:
+    """A saved session whose members are not what `login` writes ended `delete` as
+    `unexpected error: ValueError ... (a bug; ...)`; it is no session, like an unreadable file."""
+    offline.session_file.write_text(json.dumps({"sessions": [{"url": offline.url, **saved}]}))
+    line = offline("delete", "did:web:x").error_line(status=2)
+    assert line.startswith(f"registry: no saved session for {offline.url}; "), line
