@@ -409,7 +409,7 @@ def _env_overrides(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
         if section not in Config.model_fields:
             raise ConfigError(f"{name}: there is no [{section}] section")
         value: Any = raw
-        if raw[:1] in "[{":
+        if raw.startswith(("[", "{")):  # (not `raw[:1] in "[{"`: "" is in every string)
             try:
                 value = json.loads(raw)
             except json.JSONDecodeError as exc:

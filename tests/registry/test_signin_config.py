@@ -487,6 +487,14 @@ def test_environment_overrides_the_file(tmp_path: Path) -> None:
     assert config.anchoring.enabled is True
 
 
+def test_an_empty_environment_value_is_an_empty_string(tmp_path: Path) -> None:
+    """`REGISTRY_DATABASE__URL=` (the embedded default, e.g. in a systemd EnvironmentFile) was
+    refused as `not valid JSON (Expecting value)`: an empty value was taken for JSON."""
+    environ = {"REGISTRY_DATABASE__URL": "", "REGISTRY_AUTH__ROOT_DID": ""}
+    config = load_config(write(tmp_path, CONFIG_TOML), environ=environ)
+    assert (config.database.url, config.auth.root_did) == ("", "")
+
+
 def test_environment_lists_are_json(tmp_path: Path) -> None:
     environ = {
         "REGISTRY_AUTH__ADMIN_DIDS": json.dumps([ADMIN, PEER]),
