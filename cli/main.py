@@ -17,13 +17,14 @@ import json
 import logging
 import math
 import os
+import signal
 import socket
 import sys
 import tempfile
 import time
 import traceback
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -149,9 +150,10 @@ def _bind_error(host: str, port: int, exc: OSError, *, setting: str | None = Non
     )
 
 
-def _check_data_dir_free(data_dir: Path) -> None:
-    """Fail before anything starts if another `serve` owns this data directory's embedded
-    database (the lock `service.serve` takes; the message is the one `serve` would give)."""
+@contextmanager
+def _data_dir_owned(data_dir: Path) -> Iterator[None]:
+    """Hold the data directory's lock (the one `service.serve` takes for its embedded
+    database), or fail with the line `serve` would give if another process holds it."""
     from service.serve import DataDirInUse, own_data_dir
 
     try:
@@ -162,11 +164,18 @@ def _check_data_dir_free(data_dir: Path) -> None:
             f"cannot use {data_dir} as the data directory ({reason}); choose another with"
             " --data-dir (server.data_dir)"
         ) from None
-    try:
-        with own_data_dir(data_dir):
-            pass
-    except DataDirInUse as exc:
-        raise CliError(str(exc)) from None
+    with ExitStack() as stack:
+        try:
+            stack.enter_context(own_data_dir(data_dir))
+        except DataDirInUse as exc:
+            raise CliError(str(exc)) from None
+        yield
+
+
+def _check_data_dir_free(data_dir: Path) -> None:
+    """Fail before anything starts if another process owns this data directory."""
+    with _data_dir_owned(data_dir):
+        pass
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -203,8 +212,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_migrate(args: argparse.Namespace) -> int:
     config = _config(args)
-    if not config.database.url:
-        _check_data_dir_free(config.server.data_dir)
+    data_dir = config.server.data_dir
+    # The embedded database's directory is held for the whole run: a `serve` started meanwhile
+    # would share the cluster, and the stop at the end would take its database away.
+    owned = nullcontext() if config.database.url else _data_dir_owned(data_dir)
 
     import trio
     import trio_asyncio
@@ -214,27 +225,51 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
     _setup_logging(config)
 
-    async def run() -> list[int]:
+    async def apply() -> list[int]:
         async with trio_asyncio.open_loop():
-            dsn = config.database.url
-            embedded = None
-            if not dsn:
-                config.server.data_dir.mkdir(parents=True, exist_ok=True)
-                embedded = EmbeddedPostgres(config.server.data_dir)
-                dsn = await trio.to_thread.run_sync(embedded.start)
+            if config.database.url:
+                return await migrate(config.database.url)
+            embedded = EmbeddedPostgres(data_dir)
             try:
-                return await migrate(dsn)
+                return await migrate(await trio.to_thread.run_sync(embedded.start))
             finally:
-                if embedded is not None:
+                with trio.CancelScope(shield=True):  # also when a signal cancelled the run
                     await trio.to_thread.run_sync(embedded.stop)
 
+    async def run() -> list[int] | None:
+        """The migrations applied, or None when SIGINT or SIGTERM stopped the run (a wait
+        for another process's migrations too, which Ctrl-C did not end)."""
+        with trio.CancelScope() as whole:
+            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                async with trio.open_nursery() as nursery:
+
+                    async def stop_on_signal() -> None:
+                        async for signum in signals:
+                            logging.getLogger("registry").info(
+                                "received %s, stopping", signal.Signals(signum).name
+                            )
+                            whole.cancel()
+
+                    nursery.start_soon(stop_on_signal)
+                    applied = await apply()
+                    nursery.cancel_scope.cancel()
+            return applied
+        return None
+
     try:
-        applied = trio.run(run)
+        with owned:
+            applied = trio.run(run)
     except BaseException as exc:
         failure = _server_failure(exc, config)
         if failure is None:
             raise
         raise failure from exc
+    if applied is None:
+        raise CliError(
+            "migrate interrupted; each migration runs in its own transaction, so those applied"
+            " stay and none is half-applied: run `registry migrate` again for the rest",
+            EXIT_INTERRUPTED,
+        )
     print(f"applied {applied}" if applied else "up to date")
     return 0
 

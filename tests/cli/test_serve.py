@@ -8,7 +8,12 @@ import argparse
 import errno
 import re
 import shutil
+import signal
 import socket
+import subprocess
+import sys
+import tempfile
+import time
 from pathlib import Path
 
 import httpx
@@ -17,9 +22,16 @@ import pytest
 from cli.main import _server_failure, build_parser
 from registry.config import ConfigError, load_config
 from registry.keys import SigningKey
+from registry.store.embedded import EmbeddedPostgres
 from service.serve import DataDirInUse
 from tests.cli.cli_support import Cli
-from tests.db.proc import Server, free_port, run_server
+from tests.db.proc import (
+    Server,
+    free_port,
+    migrations_held,
+    run_server,
+    waiting_for_migrations,
+)
 from tests.helpers import entry_template
 
 
@@ -359,3 +371,75 @@ def test_the_service_serves_at_once_with_the_smallest_pool_it_accepts(
         assert health["status"] == "ok", health
         answer = httpx.get(f"{server.url}/v1/entries/did:web:pool-probe.example", timeout=5)
         assert answer.status_code == 404
+
+
+def _migrate(cli: Cli, *args: str | Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "cli", "migrate", *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=cli.home,
+        env=cli.env(),
+    )
+
+
+def _until_waiting_for_migrations(url: str, migrate: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 60
+    while waiting_for_migrations(url) == 0:
+        assert migrate.poll() is None, migrate.communicate()
+        assert time.monotonic() < deadline, "migrate never waited for the migrations' lock"
+        time.sleep(0.05)
+
+
+def test_migrate_waiting_for_another_migration_stops_on_sigint(
+    database_url: str, tmp_path: Path
+) -> None:
+    """Ctrl-C did not stop `registry migrate` while it waited for another process's
+    migrations (only SIGKILL or SIGTERM's default did); it stops, status 130, one line."""
+    cli = Cli(tmp_path)
+    with migrations_held(database_url):
+        migrate = _migrate(cli, "--database-url", database_url)
+        try:
+            _until_waiting_for_migrations(database_url, migrate)
+            migrate.send_signal(signal.SIGINT)
+            _, stderr = migrate.communicate(timeout=30)
+        finally:
+            if migrate.poll() is None:
+                migrate.kill()
+                migrate.wait()
+    assert migrate.returncode == 130, stderr
+    assert "Traceback" not in stderr, stderr
+    assert stderr.splitlines()[-1].startswith("registry: migrate interrupted; "), stderr
+    assert waiting_for_migrations(database_url) == 0
+
+
+def test_migrate_holds_the_embedded_data_dir_until_it_ends() -> None:
+    """`migrate` checked that no other process held the data directory, then let it go: a
+    `serve` (or `migrate`) started meanwhile shared its embedded cluster, which the first
+    one's stop at its end took away. Now it is `in use` until the first ends (here by SIGTERM,
+    while it waits for the migrations' lock: the cluster is stopped again, status 130)."""
+    top = Path(tempfile.mkdtemp(prefix="registry-migrate-"))
+    top.chmod(0o755)  # reachable by the cluster's OS user (as root: postgres)
+    data_dir = top / "data"
+    cli = Cli(top / "cli")
+    embedded = EmbeddedPostgres(data_dir)
+    try:
+        dsn = embedded.start()  # reused by the migrate below
+        with migrations_held(dsn):
+            first = _migrate(cli, "--data-dir", data_dir)
+            try:
+                _until_waiting_for_migrations(dsn, first)
+                line = cli("migrate", "--data-dir", data_dir).error_line()
+                assert line.startswith(f"registry: {data_dir} is in use by a running registry ")
+                first.send_signal(signal.SIGTERM)
+                _, stderr = first.communicate(timeout=60)
+            finally:
+                if first.poll() is None:
+                    first.kill()
+                    first.wait()
+        assert first.returncode == 130, stderr
+        assert not (data_dir / "postgres" / "postmaster.pid").exists()
+    finally:
+        embedded.stop()
+        shutil.rmtree(top, ignore_errors=True)

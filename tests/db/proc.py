@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -20,7 +21,7 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import httpx
 
-from registry.store.migrate import _migrate, load_migrations
+from registry.store.migrate import _ADVISORY_KEY, _migrate, load_migrations
 
 
 def free_port() -> int:
@@ -126,6 +127,41 @@ def query(url: str, sql: str, *args: Any) -> list[asyncpg.Record]:
             await conn.close()
 
     return asyncio.run(run())
+
+
+@contextmanager
+def migrations_held(database_url: str) -> Iterator[threading.Event]:
+    """Hold the migration runner's advisory lock (a `serve` or `migrate` starting meanwhile
+    waits in its migrations) until the event is set or the block ends."""
+    release, held = threading.Event(), threading.Event()
+
+    async def hold() -> None:
+        conn = await asyncpg.connect(database_url)
+        try:
+            await conn.execute("SELECT pg_advisory_lock($1)", _ADVISORY_KEY)
+            held.set()
+            await asyncio.get_running_loop().run_in_executor(None, release.wait)
+        finally:
+            await conn.close()
+
+    thread = threading.Thread(target=asyncio.run, args=(hold(),))
+    thread.start()
+    try:
+        assert held.wait(60)
+        yield release
+    finally:
+        release.set()
+        thread.join(60)
+
+
+def waiting_for_migrations(url: str) -> int:
+    """How many sessions of `url`'s database wait for an advisory lock (the migrations')."""
+    [row] = query(
+        url,
+        "SELECT count(*) AS n FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+        " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+    )
+    return int(row["n"])
 
 
 @contextmanager

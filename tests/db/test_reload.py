@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
 import signal
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
-import asyncpg
 import httpx
 
 from cli.client import RegistryClient
 from registry.keys import SigningKey
-from registry.store.migrate import _ADVISORY_KEY
-from tests.db.proc import run_server, wait_healthy
+from tests.db.proc import migrations_held, run_server, wait_healthy
 
 DEADLINE_S = 30
 
@@ -65,31 +59,6 @@ def test_a_reload_names_the_changed_keys_it_does_not_apply(
         assert "anchoring.batch_size, metrics.open" in line
         assert "restart" in line
         assert httpx.get(f"{server.url}/metrics").status_code == 401  # still closed
-
-
-@contextmanager
-def migrations_held(database_url: str) -> Iterator[threading.Event]:
-    """Hold the migration runner's advisory lock (a `serve` starting meanwhile waits in its
-    migrations) until the event is set or the block ends."""
-    release, held = threading.Event(), threading.Event()
-
-    async def hold() -> None:
-        conn = await asyncpg.connect(database_url)
-        try:
-            await conn.execute("SELECT pg_advisory_lock($1)", _ADVISORY_KEY)
-            held.set()
-            await asyncio.get_running_loop().run_in_executor(None, release.wait)
-        finally:
-            await conn.close()
-
-    thread = threading.Thread(target=asyncio.run, args=(hold(),))
-    thread.start()
-    try:
-        assert held.wait(DEADLINE_S)
-        yield release
-    finally:
-        release.set()
-        thread.join(DEADLINE_S)
 
 
 def test_a_sighup_while_starting_is_applied_once_serving(database_url: str, tmp_path: Path) -> None:
