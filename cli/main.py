@@ -323,6 +323,12 @@ def _server_failure(exc: BaseException, config: Config) -> CliError | None:
                 f"cannot use the database at {_redacted(config.database.url)}:"
                 f" {leaf.__class__.__name__}: {leaf}; check --database-url (database.url)"
             )
+        if isinstance(leaf, asyncpg.PostgresError | OSError):  # the embedded one's
+            return CliError(
+                f"the embedded PostgreSQL of {config.server.data_dir} failed:"
+                f" {leaf.__class__.__name__}: {leaf}; see server.log in its cluster directory"
+                " (postgres/ there, or where postgres.location says)"
+            )
     return None
 
 

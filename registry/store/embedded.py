@@ -83,7 +83,14 @@ class EmbeddedPostgres:
         lines = self._pidfile(cluster)
         if lines is None:
             return
-        self._run([self._exe("pg_ctl"), "stop", "-D", str(cluster), "-m", "fast", "-w", "-t", "60"])
+        try:
+            self._run(
+                [self._exe("pg_ctl"), "stop", "-D", str(cluster), "-m", "fast", "-w", "-t", "60"]
+            )
+        except EmbeddedPostgresError:
+            if self._pidfile(cluster) is not None:  # still running: stopping it failed
+                raise
+            # It ended meanwhile (crashed, or stopped by someone else): what was asked is done.
         self._log.info("stopped embedded PostgreSQL in %s", cluster)
         self._drop_socket_dir(cluster, lines)
 

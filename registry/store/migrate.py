@@ -226,7 +226,8 @@ async def _migrate(dsn: str, migrations: Migrations) -> list[int]:
             log.info("applied functions %s", ", ".join(f.name for f in stale))
     finally:
         try:
-            await conn.execute("SELECT pg_advisory_unlock_all()")
+            if not conn.is_closed():  # a lost connection's error is the one to report
+                await conn.execute("SELECT pg_advisory_unlock_all()")
         finally:
             await conn.close()
     return applied_now

@@ -29,6 +29,7 @@ from tests.db.proc import (
     Server,
     free_port,
     migrations_held,
+    query,
     run_server,
     waiting_for_migrations,
 )
@@ -440,6 +441,66 @@ def test_migrate_holds_the_embedded_data_dir_until_it_ends() -> None:
                     first.wait()
         assert first.returncode == 130, stderr
         assert not (data_dir / "postgres" / "postmaster.pid").exists()
+    finally:
+        embedded.stop()
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def _waiting_pid(url: str) -> int:
+    [row] = query(
+        url,
+        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+        " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+    )
+    return int(row["pid"])
+
+
+def test_a_database_connection_lost_during_the_migrations_is_one_line(
+    database_url: str, tmp_path: Path
+) -> None:
+    """The migrations' connection ended by the server: the runner's cleanup (unlocking on the
+    closed connection) replaced the error with `InterfaceError: connection is closed`, an
+    `unexpected error ... (a bug)`."""
+    cli = Cli(tmp_path)
+    with migrations_held(database_url):
+        migrate = _migrate(cli, "--database-url", database_url)
+        try:
+            _until_waiting_for_migrations(database_url, migrate)
+            query(database_url, "SELECT pg_terminate_backend($1)", _waiting_pid(database_url))
+            _, stderr = migrate.communicate(timeout=30)
+        finally:
+            if migrate.poll() is None:
+                migrate.kill()
+                migrate.wait()
+    assert migrate.returncode == 1, stderr
+    line = stderr.splitlines()[-1]
+    assert line.startswith(f"registry: cannot use the database at {database_url}: "), stderr
+    assert "unexpected error" not in stderr
+
+
+def test_an_embedded_cluster_that_stops_during_the_migrations_is_one_line() -> None:
+    """Also a cluster that is gone when `migrate` stops it at the end (its pid file read, then
+    removed) was an error of its own (`pg_ctl stop failed ... Is server running?`)."""
+    top = Path(tempfile.mkdtemp(prefix="registry-migrate-"))
+    top.chmod(0o755)  # reachable by the cluster's OS user (as root: postgres)
+    data_dir = top / "data"
+    cli = Cli(top / "cli")
+    embedded = EmbeddedPostgres(data_dir)
+    try:
+        dsn = embedded.start()  # reused by the migrate below
+        with migrations_held(dsn):
+            migrate = _migrate(cli, "--data-dir", data_dir)
+            try:
+                _until_waiting_for_migrations(dsn, migrate)
+                embedded.control("stop", "-m", "immediate")
+                _, stderr = migrate.communicate(timeout=60)
+            finally:
+                if migrate.poll() is None:
+                    migrate.kill()
+                    migrate.wait()
+        assert migrate.returncode == 1, stderr
+        line = stderr.splitlines()[-1]
+        assert line.startswith(f"registry: the embedded PostgreSQL of {data_dir} failed: "), stderr
     finally:
         embedded.stop()
         shutil.rmtree(top, ignore_errors=True)
