@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,12 +82,38 @@ class KeyFileError(Exception):
 
 
 def write_key_file(path: Path, key: SigningKey) -> None:
-    """Write a key file with mode 0600, refusing to overwrite an existing one."""
+    """Write a key file with mode 0600, refusing to overwrite an existing one.
+
+    The file appears whole or not at all: written and synced under a temporary name, then
+    linked to `path` (which fails if it exists). Created in place, it was there empty while it
+    was written, so a crash or a full disk left an empty key file (which the next start, or
+    `keygen`, refused), and a second process starting at the same moment read it half-written.
+    """
+    text = json.dumps(key.to_json()) + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)  # mode 0600
+    try:
+        _write_synced(fd, text)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            raise
+        except OSError:  # a file system without hard links: create it in place
+            _write_synced(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), text)
+    finally:
+        os.unlink(tmp)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)  # the new name survives a crash too
+    finally:
+        os.close(directory)
+
+
+def _write_synced(fd: int, text: str) -> None:
     with os.fdopen(fd, "w") as handle:
-        json.dump(key.to_json(), handle)
-        handle.write("\n")
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
 
 
 def read_key_file(path: Path) -> SigningKey:

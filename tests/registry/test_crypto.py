@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -401,6 +404,56 @@ def test_write_key_file_refuses_to_overwrite(tmp_path: Path) -> None:
     with pytest.raises(FileExistsError):
         write_key_file(path, SigningKey(bytes(32)))
     assert path.read_bytes() == before
+
+
+def _while_writing(monkeypatch: pytest.MonkeyPatch, act: Callable[[], None]) -> None:
+    """Run `act` when a key file's text is first written, before the write."""
+    real_fdopen = os.fdopen
+
+    def fdopen(fd: int, *args: Any, **kwargs: Any) -> Any:
+        handle = real_fdopen(fd, *args, **kwargs)
+        write = handle.write
+
+        def writing(text: str) -> int:
+            monkeypatch.setattr(os, "fdopen", real_fdopen)
+            act()
+            return write(text)
+
+        handle.write = writing  # type: ignore[method-assign]
+        return handle
+
+    monkeypatch.setattr(os, "fdopen", fdopen)
+
+
+def test_a_key_file_that_could_not_be_written_is_not_left_empty(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk (or a crash) while the key was written left an empty file under its name:
+    `keygen` then refused it as existing, and the registry's start as malformed."""
+    path = tmp_path / "registry.key"
+
+    def full() -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    _while_writing(monkeypatch, full)
+    with pytest.raises(OSError, match="No space"):
+        write_key_file(path, SigningKey(_SEED))
+    assert list(tmp_path.iterdir()) == []
+    write_key_file(path, SigningKey(_SEED))
+    assert read_key_file(path) == SigningKey(_SEED)
+
+
+def test_two_processes_creating_the_key_at_once_agree_on_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The second of two `serve` starting on one `server.key_file` read the first's file while
+    it was still empty and failed (`Expecting value`)."""
+    path = tmp_path / "registry.key"
+    second: list[tuple[SigningKey, bool]] = []
+    _while_writing(monkeypatch, lambda: second.append(load_or_create_key(path)))
+    first = load_or_create_key(path)
+    assert [first[0]] == [k for k, _ in second] == [read_key_file(path)]
+    assert sorted(created for _, created in [first, *second]) == [False, True]
 
 
 def test_key_file_without_did_is_accepted(tmp_path: Path) -> None:
