@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from cli.client import RegistryClient
 from registry.keys import SigningKey
@@ -87,3 +88,48 @@ def test_a_sighup_while_starting_is_applied_once_serving(database_url: str, tmp_
             assert time.monotonic() < deadline, server.output()
             time.sleep(0.05)
         assert "admin" in _capabilities(server.url, key)
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("[auth\nadmin_dids = [", "invalid TOML"),
+        ('[auth]\nadmin_dids = ["not-a-did"]\n', "auth.admin_dids"),
+        ("[database]\npool_max = 2\n", "database.pool_max must be at least"),
+        (b'[auth]\nroot_did = "caf\xe9"\n', "not UTF-8"),
+        (None, "cannot read the configuration file"),
+    ],
+)
+def test_a_reload_of_a_file_that_does_not_load_keeps_the_running_configuration(
+    database_url: str, tmp_path: Path, text: str | bytes | None, says: str
+) -> None:
+    """SIGHUP with a file that does not load (bad TOML, a bad value, not UTF-8, gone): one
+    ERROR line that says why, the process serves on with what it runs, and a later good file
+    is applied."""
+    key = SigningKey.generate()
+    config = tmp_path / "registry.toml"
+    config.write_text(f'[auth]\nadmin_dids = ["{key.did}"]\n')
+    with run_server(tmp_path / "node", database_url=database_url, config=config) as server:
+        if text is None:
+            config.unlink()
+        elif isinstance(text, bytes):
+            config.write_bytes(text)
+        else:
+            config.write_text(text)
+        server.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + DEADLINE_S
+        while "configuration reload refused" not in server.output():
+            assert server.proc.poll() is None, server.output()
+            assert time.monotonic() < deadline, server.output()
+            time.sleep(0.05)
+        [line] = [x for x in server.output().splitlines() if "reload refused" in x]
+        assert " ERROR " in line
+        why = server.output().split("reload refused", 1)[1]  # the line and the ones it adds
+        assert says in why.split(" INFO ")[0], why
+        assert "admin" in _capabilities(server.url, key)
+        config.write_text("[auth]\nadmin_dids = []\n")
+        server.proc.send_signal(signal.SIGHUP)
+        while "0 admin DID(s)" not in server.output():
+            assert time.monotonic() < deadline, server.output()
+            time.sleep(0.05)
+        assert "admin" not in _capabilities(server.url, key)
