@@ -770,44 +770,64 @@ def cmd_delete(args: argparse.Namespace) -> int:
 # --- federation ---------------------------------------------------------------------------------
 
 
+@contextmanager
+def _reading(what: str) -> Iterator[None]:
+    """Around code that reads only a registry's answer (a table, the status screen): a member
+    missing or of another type there is the server's, not the command's."""
+    from cli.client import UnexpectedAnswer
+
+    try:
+        yield
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:
+        detail = f"{type(exc).__name__}: {_one_line(str(exc))}"
+        raise UnexpectedAnswer(f"{what} that cannot be shown ({detail})", 200, None) from exc
+
+
 def cmd_peers(args: argparse.Namespace) -> int:
-    header: tuple[str, ...]
-    table: list[tuple[str, ...]]
     with _client(args) as client:
         if args.status:
-            rows = _as_principal(args, client, _key(args), client.peer_status)
-            header = ("PEER", "BREAKER", "FAILURES", "CURSOR", "LAG", "QUARANTINED", "LAST SUCCESS")
-            table = [header] + [
-                (
-                    r["peerDid"],
-                    r["breakerState"],
-                    str(r["consecutiveFailures"]),
-                    str(r["cursor"]),
-                    str(r["lag"]),
-                    str(r["quarantines"]),
-                    str(r["lastSuccessAt"] or "-"),
-                )
-                for r in rows
-            ]
+            answer = _as_principal(args, client, _key(args), client.peer_status)
         else:
-            peers = client.peers()
-            header = ("PEER", "ENDPOINT", "AGREEMENTS", "LAST SEEN")
-            table = [header] + [
-                (
-                    p["peerDid"],
-                    p["endpoint"],
-                    ",".join(p["agreementIds"]) or "-",
-                    str(p["lastSeen"] or "-"),
-                )
-                for p in peers
-            ]
+            answer = client.peers()
     if args.json:  # what the API answered: its field names, numbers as numbers
-        print(json.dumps(rows if args.status else peers, ensure_ascii=False, indent=2))
+        print(json.dumps(answer, ensure_ascii=False, indent=2))
         return 0
-    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-    for row in table:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    with _reading("a peer list"):
+        table = _peer_status_table(answer) if args.status else _peer_table(answer)
+        widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+        lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in table]
+    for line in lines:
+        print(line.rstrip())
     return 0
+
+
+def _peer_status_table(rows: list[dict[str, Any]]) -> list[tuple[str, ...]]:
+    header = ("PEER", "BREAKER", "FAILURES", "CURSOR", "LAG", "QUARANTINED", "LAST SUCCESS")
+    return [header] + [
+        (
+            r["peerDid"],
+            r["breakerState"],
+            str(r["consecutiveFailures"]),
+            str(r["cursor"]),
+            str(r["lag"]),
+            str(r["quarantines"]),
+            str(r["lastSuccessAt"] or "-"),
+        )
+        for r in rows
+    ]
+
+
+def _peer_table(peers: list[dict[str, Any]]) -> list[tuple[str, ...]]:
+    header = ("PEER", "ENDPOINT", "AGREEMENTS", "LAST SEEN")
+    return [header] + [
+        (
+            p["peerDid"],
+            p["endpoint"],
+            ",".join(p["agreementIds"]) or "-",
+            str(p["lastSeen"] or "-"),
+        )
+        for p in peers
+    ]
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -816,7 +836,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(body, ensure_ascii=False, indent=2))
         return 0
-    for line in status_screen(body):
+    with _reading("an overview"):
+        lines = status_screen(body)
+    for line in lines:
         print(line)
     return 0
 

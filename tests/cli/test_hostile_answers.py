@@ -218,3 +218,32 @@ async def test_watch_ends_at_a_message_no_registry_sends(messages: list[str], sa
                 await Watcher(WatchOptions(url=url), lambda line: None, note=notes.append).run()
             assert notes == []  # not retried
             nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize(
+    ("command", "path", "value"),
+    [
+        (["peers"], "/v1/federation/peers", [{"peerDid": "did:key:z6Mk"}]),
+        (
+            ["peers"],
+            "/v1/federation/peers",
+            [{"peerDid": 7, "endpoint": "x", "agreementIds": [], "lastSeen": None}],
+        ),
+        (["peers", "--status"], "/v1/admin/federation/peers", [{"peerDid": "did:key:z6Mk"}]),
+        (["status"], "/v1/admin/overview", {"peers": [{"peerDid": "did:key:z6Mk"}]}),
+        (["status"], "/v1/admin/overview", {"anchoring": {"enabled": True, "recentBatches": [1]}}),
+    ],
+)
+def test_a_table_of_an_answer_that_lacks_its_members_blames_the_server(
+    fake: tuple[Answers, Cli], command: list[str], path: str, value: Any
+) -> None:
+    """Rows or an overview without the members the table shows ended as `unexpected error:
+    KeyError ... (a bug; ...)`."""
+    answers, cli = fake
+    session = {"url": cli.url, "did": "did:key:z6Mk", "sessionToken": "t", "savedAtMs": 1}
+    session["expiresAtMs"] = 2**52
+    cli.session_file.write_text(json.dumps({"sessions": [session]}))
+    answers.json(path, value)
+    line = cli(*command).error_line()
+    _blames_the_server(cli, line)
+    assert "that cannot be shown" in line, line
