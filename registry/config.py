@@ -368,6 +368,21 @@ class Config(_Section):
         return held
 
     @model_validator(mode="after")
+    def _metrics_listener_apart(self) -> Config:
+        # Both are bound by one Hypercorn: the second bind failed after the start (migrations
+        # done) with "already in use; stop what listens there", though nothing else did.
+        address = self.metrics.address
+        if address is not None and address[1] == self.server.port:
+            hosts = {address[0], self.server.host}
+            if len(hosts) == 1 or hosts & {"0.0.0.0", "::", "*", ""}:
+                raise ValueError(
+                    f"metrics.listen {self.metrics.listen} takes the port the API is served on"
+                    f" (server.host {self.server.host}, server.port {self.server.port}); give"
+                    " the metrics listener a port of its own"
+                )
+        return self
+
+    @model_validator(mode="after")
     def _pool_has_room(self) -> Config:
         # Below this the held connections take every slot, and requests and actors wait for
         # one forever: `serve` never got to serving with pool_max 1, and answered in tens of

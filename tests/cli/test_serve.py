@@ -284,6 +284,30 @@ def test_a_metrics_listener_named_by_a_host_name_is_refused_at_load(listen: str)
         assert config.metrics.listen == fine
 
 
+def test_a_metrics_listener_on_the_apis_port_is_refused_at_load(
+    tmp_path: Path, database_url: str
+) -> None:
+    """The same port as the API's, on its address or a wildcard one: the second bind failed
+    once the start was done (migrations applied), saying to stop what listens there."""
+    port = free_port()
+    cli = Cli(tmp_path)
+    config = cli.write("registry.toml", f'[metrics]\nlisten = "127.0.0.1:{port}"\n')
+    ran = cli(
+        *("serve", "--config", config, "--port", port, "--data-dir", tmp_path / "data"),
+        *("--database-url", database_url),
+    )
+    assert ran.status == 2, ran.stderr
+    assert "takes the port the API is served on" in ran.stderr
+    with pytest.raises(ConfigError, match="takes the port the API is served on"):
+        load_config(
+            None,
+            environ={"REGISTRY_METRICS__LISTEN": f"0.0.0.0:{port}"},
+            overrides={"server": {"port": port}},
+        )
+    fine = load_config(None, environ={"REGISTRY_METRICS__LISTEN": f"127.0.0.2:{port}"})
+    assert fine.metrics.listen == f"127.0.0.2:{port}"
+
+
 def test_the_service_starts_with_max_page_size_2_and_pages_by_2(server: Server) -> None:
     """The module's server runs with REGISTRY_LIMITS__MAX_PAGE_SIZE=2 and no default page size."""
     from cli.client import RegistryClient
