@@ -153,23 +153,26 @@ class RegistryClient:
 
     def sign_in(self, key: SigningKey, audience: str = "registry-client") -> dict[str, Any]:
         """Challenge → sign → verify; keeps the session token for later calls."""
+        from registry.errors import Invalid
         from registry.signin import build_response  # pydantic models: not for plain reads
 
-        challenge = self._request(
+        answer = self._request(
             "POST",
             "/v1/auth/siws/challenge",
             json={"audience": audience},
             want=dict,
             members=("challenge",),
-        )["challenge"]
+        )
+        challenge = answer["challenge"]
+        try:
+            response = build_response(challenge, key)
+        except (KeyError, TypeError, ValueError, AttributeError, Invalid) as exc:
+            what = f"HTTP 200 with a challenge that cannot be signed ({type(exc).__name__})"
+            raise UnexpectedAnswer(what, 200, answer) from exc
         result: dict[str, Any] = self._request(
             "POST",
             "/v1/auth/siws/verify",
-            json={
-                "audience": audience,
-                "challenge": challenge,
-                "response": build_response(challenge, key),
-            },
+            json={"audience": audience, "challenge": challenge, "response": response},
             want=dict,
             members=("sessionToken", "expiresAtMs"),
         )

@@ -512,12 +512,13 @@ def cmd_login(args: argparse.Namespace) -> int:
     key = _read_key(args.key)
     with _client(args) as client:
         result = client.sign_in(key)
+    with _reading("a session"):
+        expires = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(result["expiresAtMs"] / 1000))
     _save_session(args.url, result)
     if args.print_token:  # for a script, or the console: the token alone on stdout
         print(result["sessionToken"])
     else:
         print(json.dumps({k: v for k, v in result.items() if k != "sessionToken"}, indent=2))
-    expires = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(result["expiresAtMs"] / 1000))
     print(f"session saved to {session_file()} (until {expires})", file=sys.stderr)
     return 0
 
@@ -778,7 +779,7 @@ def _reading(what: str) -> Iterator[None]:
 
     try:
         yield
-    except (KeyError, TypeError, AttributeError, ValueError) as exc:
+    except (KeyError, TypeError, AttributeError, ValueError, OverflowError) as exc:
         detail = f"{type(exc).__name__}: {_one_line(str(exc))}"
         raise UnexpectedAnswer(f"{what} that cannot be shown ({detail})", 200, None) from exc
 

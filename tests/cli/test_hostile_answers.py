@@ -21,6 +21,7 @@ from trio_websocket import WebSocketRequest, serve_websocket
 
 from cli.watch import Watcher, WatchError, WatchOptions
 from registry.keys import SigningKey, write_key_file
+from registry.signin import new_challenge
 from tests.cli.cli_support import Cli
 
 DID = "did:web:hostile.example"
@@ -247,3 +248,39 @@ def test_a_table_of_an_answer_that_lacks_its_members_blames_the_server(
     line = cli(*command).error_line()
     _blames_the_server(cli, line)
     assert "that cannot be shown" in line, line
+
+
+@pytest.mark.parametrize("expires", ["tomorrow", 1e300, None])
+def test_login_with_a_session_that_cannot_be_read_blames_the_server(
+    fake: tuple[Answers, Cli], expires: Any
+) -> None:
+    """A sign-in answer whose expiresAtMs is no time ended `login` as `unexpected error:
+    TypeError ... (a bug; ...)`, after the session had been saved; now nothing is saved."""
+    answers, cli = fake
+    challenge = new_challenge(
+        audience="registry-client",
+        origin=cli.url or "",
+        chain_id="registry:local",
+        registry_did=SigningKey.generate().did,
+        root_did="",
+        now_ms=1,
+    )
+    answers.json("/v1/auth/siws/challenge", {"challenge": challenge})
+    answers.json("/v1/auth/siws/verify", {"sessionToken": "t", "expiresAtMs": expires})
+    line = cli("login", "--key", "me.key").error_line()
+    _blames_the_server(cli, line)
+    assert "a session that cannot be shown" in line, line
+    assert not cli.session_file.exists()
+
+
+@pytest.mark.parametrize(
+    "challenge", [{"nonce": "n"}, "a challenge", {"origin": "x", "signerDid": "y"}, {"v": 0.5}]
+)
+def test_a_challenge_that_cannot_be_signed_blames_the_server(
+    fake: tuple[Answers, Cli], challenge: Any
+) -> None:
+    answers, cli = fake
+    answers.json("/v1/auth/siws/challenge", {"challenge": challenge})
+    line = cli("login", "--key", "me.key").error_line()
+    _blames_the_server(cli, line)
+    assert "a challenge that cannot be signed" in line, line
