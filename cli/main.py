@@ -179,6 +179,11 @@ def _check_data_dir_free(data_dir: Path) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    # Until `serve` takes SIGHUP (a reload), its default would end the process: with systemd,
+    # a `systemctl reload` just after the start stopped the registry for good (a clean exit
+    # signal, not restarted). One that comes meanwhile is dropped (the file is read from here
+    # on, the imports follow).
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     config = _config(args)
     _check_port_free(config.server.host, config.server.port)
     metrics = config.metrics.address

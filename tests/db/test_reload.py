@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from pathlib import Path
@@ -133,3 +134,19 @@ def test_a_reload_of_a_file_that_does_not_load_keeps_the_running_configuration(
             assert time.monotonic() < deadline, server.output()
             time.sleep(0.05)
         assert "admin" not in _capabilities(server.url, key)
+
+
+def test_a_sighup_before_the_service_runs_at_all_does_not_end_it(
+    database_url: str, tmp_path: Path
+) -> None:
+    """Before trio runs (the configuration read, the imports), SIGHUP's default action ended
+    the process. The configuration file is a FIFO here, so `serve` waits in reading it."""
+    fifo = tmp_path / "registry.toml"
+    os.mkfifo(fifo)
+    with run_server(
+        tmp_path / "node", database_url=database_url, config=fifo, healthy=False
+    ) as server:
+        with fifo.open("w") as writer:  # returns once `serve` has opened the FIFO to read it
+            server.proc.send_signal(signal.SIGHUP)
+            writer.write("[auth]\nadmin_dids = []\n")
+        wait_healthy(server, DEADLINE_S)
