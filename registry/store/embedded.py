@@ -187,8 +187,11 @@ class EmbeddedPostgres:
                 self._pick_user()
             self._data_dir.mkdir(parents=True, exist_ok=True)
             pointer, default = self._data_dir / "postgres.location", self._data_dir / "postgres"
-            if pointer.is_file():
-                self._cluster = pathlib.Path(pointer.read_text().strip())
+            recorded = _read_pointer(pointer)
+            if recorded is None and pointer.exists():  # e.g. empty, left by an earlier release
+                self._log.warning("%s does not name a cluster; ignoring it", pointer)
+            if recorded is not None:
+                self._cluster = recorded
             elif (default / "PG_VERSION").exists() or self._can("-x", self._data_dir):
                 self._cluster = default
             else:
@@ -261,8 +264,10 @@ class EmbeddedPostgres:
         if cluster.parent == FALLBACK_ROOT:
             self._make_fallback_root()
             pointer = self._data_dir / "postgres.location"
-            if not pointer.exists():
-                pointer.write_text(f"{cluster}\n")
+            if _read_pointer(pointer) != cluster:  # whole or not at all: a crash leaves no stub
+                written = pointer.with_name(f".{pointer.name}.new")
+                written.write_text(f"{cluster}\n")
+                os.replace(written, pointer)
                 self._log.info("cluster location recorded in %s", pointer)
         if not cluster.exists():
             cluster.mkdir(mode=0o700)
@@ -364,6 +369,15 @@ def _getpw(name: str) -> pwd.struct_passwd | None:
         return pwd.getpwnam(name)
     except KeyError:
         return None
+
+
+def _read_pointer(path: pathlib.Path) -> pathlib.Path | None:
+    """The cluster a ``postgres.location`` file names: an absolute path, else None."""
+    try:
+        text = path.read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return pathlib.Path(text) if text.startswith("/") else None
 
 
 def _read_lock(path: pathlib.Path) -> list[str]:

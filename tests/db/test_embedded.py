@@ -358,3 +358,22 @@ def test_a_serve_stopped_before_it_serves_stops_its_embedded_cluster() -> None:
         if (data_dir / "postgres" / "postmaster.pid").exists():
             EmbeddedPostgres(data_dir).stop()
         shutil.rmtree(top, ignore_errors=True)
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="the /var/lib fallback only applies when run as root")
+@pytest.mark.parametrize("recorded", ["", "relative/postgres\n"])
+def test_a_pointer_file_that_names_no_cluster_is_ignored_and_rewritten(
+    tmp_path: pathlib.Path, fallback_root_cleanup: None, recorded: str
+) -> None:
+    """`postgres.location` was written in place: a first start stopped then left it empty, and
+    every later start took "" (the working directory) for the cluster and failed (`. is not
+    writable by OS user ...`)."""
+    data_dir = tmp_path / "data"  # under tmp_path (mode 0700): the cluster falls back
+    data_dir.mkdir()
+    pointer = data_dir / "postgres.location"
+    pointer.write_text(recorded)
+    with managed(data_dir) as pg:
+        dsn = pg.start()
+        assert pg.cluster_dir.parent == FALLBACK_ROOT
+        assert pointer.read_text() == f"{pg.cluster_dir}\n"
+        assert psql(dsn, "select 1") == "1"
