@@ -177,6 +177,14 @@ async def _migrate(dsn: str, migrations: Migrations) -> list[int]:
         )
         rows = await conn.fetch("SELECT version, checksum FROM schema_migrations")
         applied = {r["version"]: r["checksum"] for r in rows}
+        # First: a database a newer release has migrated may also hold its texts of this
+        # build's migrations (superseded there), which are not edits to refuse as such.
+        unknown = set(applied) - {m.version for m in migrations.numbered}
+        if unknown:
+            raise MigrationError(
+                f"the database has migrations this build does not know: {sorted(unknown)};"
+                " a newer release has migrated it: run that release (or a later one)"
+            )
         for migration in migrations.numbered:
             recorded = applied.get(migration.version)
             if recorded == migration.checksum:
@@ -207,11 +215,6 @@ async def _migrate(dsn: str, migrations: Migrations) -> list[int]:
                 migration.version,
                 migration.name,
                 f" (with function {', '.join(migration.requires)})" if required else "",
-            )
-        unknown = set(applied) - {m.version for m in migrations.numbered}
-        if unknown:
-            raise MigrationError(
-                f"the database has migrations this build does not know: {sorted(unknown)}"
             )
         rows = await conn.fetch("SELECT name, checksum FROM schema_functions")
         current = {r["name"]: r["checksum"] for r in rows}

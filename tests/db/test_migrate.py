@@ -220,6 +220,39 @@ def test_an_edited_migration_is_refused_unless_its_old_text_is_superseded(
         asyncio.run(_migrate(url, replace(current, numbered=numbered)))
 
 
+def test_a_database_a_newer_release_migrated_is_refused_as_such_and_left_alone(
+    new_database: Callable[[], str],
+) -> None:
+    """A newer release: one more migration, and its own text of 0005 (superseding this
+    build's, as this build supersedes released texts). It was refused as if 0005 had been
+    edited ('add a new migration instead'), which is not what happened nor what to do."""
+    url = new_database()
+    current = load_migrations()
+    theirs = replace(current.numbered[4], sql=current.numbered[4].sql + "\n-- newer text\n")
+    later = Migration(len(current.numbered) + 1, "later", "CREATE TABLE later (x int);")
+    newer = replace(
+        current,
+        numbered=[*current.numbered[:4], theirs, *current.numbered[5:], later],
+        superseded={5: frozenset({current.numbered[4].checksum})},
+    )
+    asyncio.run(_migrate(url, newer))
+    # Its definition of a function (this build would put its own back).
+    asyncio.run(
+        _fetchrow(
+            url,
+            "UPDATE schema_functions SET checksum = 'theirs' WHERE name = 'epoch_ms' RETURNING 1",
+        )
+    )
+    with pytest.raises(
+        MigrationError, match=rf"does not know: \[{later.version}\]; a newer release has"
+    ):
+        asyncio.run(_migrate(url, current))
+    row = asyncio.run(
+        _fetchrow(url, "SELECT checksum FROM schema_functions WHERE name = 'epoch_ms'")
+    )
+    assert row["checksum"] == "theirs"
+
+
 def test_migration_files_name_only_functions_that_exist(tmp_path: Path) -> None:
     (tmp_path / "functions").mkdir()
     (tmp_path / "0001_first.sql").write_text("-- requires: nowhere\nSELECT nowhere();\n")
