@@ -681,8 +681,14 @@ class FrameStream(trio.abc.HalfCloseableStream):
             return data
         if self.http2:
             return data
-        if self._opening is not None and not self.websocket:  # (Hypercorn switches on any)
-            self._opening += data[: len(H2_PREFACE) - len(self._opening)]
+        begun = data
+        if self._request_since is None and begun[:1] in (b"\r", b"\n") and not self.websocket:
+            # Empty lines before a request line are no request: h11 drops them
+            # (`bound_request_heads`), so a lone CRLF after an answer leaves the connection idle.
+            begun = bytes(begun).lstrip(b"\r\n")
+        # (Hypercorn switches to HTTP/2 on any request's preface.)
+        if self._opening is not None and begun and not self.websocket:
+            self._opening += begun[: len(H2_PREFACE) - len(self._opening)]
             if self._opening == H2_PREFACE[: len(self._opening)]:
                 if len(self._opening) == len(H2_PREFACE):
                     self._start_http2()
@@ -696,7 +702,7 @@ class FrameStream(trio.abc.HalfCloseableStream):
                 self._client_frames.feed(data, trio.current_time())
             except _FrameRefused as refused:
                 await self._refuse_frames(refused, limits)
-        elif self._request_since is None and data:
+        elif self._request_since is None and begun:
             self._request_since = trio.current_time()  # the first byte of a request
             self._owed = True
         return data

@@ -965,3 +965,21 @@ async def test_a_websocket_client_that_goes_after_its_handshake_frees_the_connec
             await stream.send_eof()  # the client goes, without a close frame
             await gone.wait()
         await stream.aclose()
+
+
+async def test_empty_lines_between_requests_begin_no_request() -> None:
+    """h11 drops empty lines before a request line (RFC 9112 §2.2, `bound_request_heads`): a
+    CRLF that comes alone after an answer (a client's after its POST's body) is no request. Read
+    as one's first byte, it put the idle connection under the read deadlines: cut (and counted)
+    `read_timeout` after it, not `keep_alive_timeout`, and waited for at shutdown."""
+    server, client = trio.socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    stream = FrameStream(trio.SocketStream(server), transport.ConnectionLimits())
+    peer = trio.SocketStream(client)
+    async with stream, peer:
+        with trio.fail_after(DEADLINE):
+            await peer.send_all(b"\r\n")
+            assert await stream.receive_some() == b"\r\n"
+            assert not stream.request_under_way
+            await peer.send_all(b"\r\nGET / HTTP/1.1\r\n")
+            await stream.receive_some()
+            assert stream.request_under_way
