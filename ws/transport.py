@@ -893,9 +893,15 @@ def end_refused_handshakes() -> None:
     handle = stream.handle
 
     async def handled(self: Any, event: Any) -> None:
-        refusing = not self.closed and isinstance(event, Request | Body | Data)
+        # Hypercorn refuses a handshake's request, or bytes before its answer; a client's close
+        # frame (`Data` once accepted) closes the stream too, through Hypercorn's own
+        # `StreamClosed`, which has told the app already.
+        refusing = not self.closed and (
+            isinstance(event, Request)
+            or (isinstance(event, Body | Data) and not self.handshake.accepted)
+        )
         await handle(self, event)
-        if refusing and self.closed:  # (only a refusal closes it on these events)
+        if refusing and self.closed:
             if self.app_put is not None:
                 await self.app_put({"type": "websocket.disconnect", "code": 1006})
             await self.send(StreamClosed(stream_id=self.stream_id))

@@ -983,3 +983,68 @@ async def test_empty_lines_between_requests_begin_no_request() -> None:
             await peer.send_all(b"\r\nGET / HTTP/1.1\r\n")
             await stream.receive_some()
             assert stream.request_under_way
+
+
+class _OneStreamConnection:
+    """What Hypercorn's HTTP/1.1 protocol does for one WebSocket stream's events, in memory:
+    the stream's `StreamClosed` closes the stream (`_maybe_recycle`), and is counted."""
+
+    def __init__(self) -> None:
+        self.to_app: list[dict[str, Any]] = []
+        self.stream_closed = 0
+        self.stream: Any = None
+
+    async def spawn_app(self, *args: Any) -> Any:
+        async def put(message: dict[str, Any]) -> None:
+            self.to_app.append(message)
+
+        return put
+
+    async def send(self, event: Any) -> None:
+        from hypercorn.protocol.events import StreamClosed
+
+        if isinstance(event, StreamClosed):
+            self.stream_closed += 1
+            await self.stream.handle(StreamClosed(stream_id=1))
+
+
+async def test_a_client_closing_an_accepted_websocket_is_disconnected_once() -> None:
+    """`end_refused_handshakes` ends a stream that Hypercorn's refusal closed; a client's close
+    frame closes an accepted one too (Hypercorn's own `StreamClosed`), and was taken for a
+    refusal: the app was told of the disconnect twice, and the stream closed twice."""
+    from hypercorn.protocol.events import Data, Request
+    from hypercorn.protocol.ws_stream import WSStream
+    from wsproto.frame_protocol import CloseReason
+
+    transport.end_refused_handshakes()
+    connection = _OneStreamConnection()
+    stream = WSStream(
+        None,  # type: ignore[arg-type]
+        HyperConfig(),
+        None,  # type: ignore[arg-type]
+        connection,  # type: ignore[arg-type]
+        False,
+        None,
+        None,
+        connection.send,
+        1,
+    )
+    connection.stream = stream
+    headers = [
+        (b"host", b"t"),
+        (b"upgrade", b"websocket"),
+        (b"connection", b"upgrade"),
+        (b"sec-websocket-key", b"dGhlIHNhbXBsZSBub25jZQ=="),
+        (b"sec-websocket-version", b"13"),
+    ]
+    await stream.handle(
+        Request(
+            stream_id=1, headers=headers, http_version="1.1", method="GET", raw_path=b"/", state={}
+        )
+    )
+    await stream.app_send({"type": "websocket.accept"})
+    client = FrameProtocol(client=True, extensions=[])
+    await stream.handle(Data(stream_id=1, data=client.close(CloseReason.NORMAL_CLOSURE)))
+    disconnects = [m for m in connection.to_app if m["type"] == "websocket.disconnect"]
+    assert len(disconnects) == 1, connection.to_app
+    assert connection.stream_closed == 1
