@@ -24,7 +24,7 @@ from api import (
 from api.errors import error_response
 from api.framing import with_framing_checks
 from api.headers import current_scope, header_lines
-from api.http import Deps, client_address, deps, fresh_request_id, new_request_id
+from api.http import Deps, client_address, fresh_request_id, new_request_id
 from api.observe import install, note_start
 from registry.errors import (
     Invalid,
@@ -101,6 +101,19 @@ def create_app(dependencies: Deps) -> QuartTrio:
 
     min_sequence_header = MIN_SEQUENCE_HEADER.lower().encode()
 
+    def spend_unrouted() -> None:
+        """A request refused before any route (4xx) spends its address's read budget as a read
+        does, else such requests were free to send without end (docs/limits.md): raises 429
+        `read_rate_limited` past it."""
+        spent = dependencies.limiter.acquire("read", client_address(dependencies.config))
+        if not spent.allowed:
+            raise RateLimited(
+                "read rate limit exceeded",
+                retry_after=spent.retry_after,
+                limit=spent.limit,
+                code="read_rate_limited",
+            )
+
     # One hook for what every request needs first: Quart's call of each hook costs more than
     # what these do (bench/app_cpu.py).
     @app.before_websocket
@@ -109,6 +122,7 @@ def create_app(dependencies: Deps) -> QuartTrio:
         # the metrics listener, where only /metrics is.
         scope = current_scope()
         if ops.on_metrics_listener(dependencies.config, scope):
+            spend_unrouted()
             raise NotFound(
                 f"no route for {websocket.path} on the metrics listener", code="route_not_found"
             )
@@ -119,6 +133,7 @@ def create_app(dependencies: Deps) -> QuartTrio:
         assert scope is not None
         note_start(scope)
         if ops.on_metrics_listener(dependencies.config) and request.path != "/metrics":
+            spend_unrouted()
             raise NotFound(
                 f"no route for {request.path} on the metrics listener", code="route_not_found"
             )
@@ -134,6 +149,7 @@ def create_app(dependencies: Deps) -> QuartTrio:
             try:
                 READ_FLOOR.set(parse_floor(",".join(lines).strip()) if lines else 0)
             except ValueError as exc:
+                spend_unrouted()
                 raise Invalid(str(exc), code="invalid_min_sequence") from None
         return None
 
@@ -145,21 +161,11 @@ def create_app(dependencies: Deps) -> QuartTrio:
         method = request.method if has_request_context() else "GET"
         mapped: RegistryError
         if exc.code is not None and 400 <= exc.code < 500:
-            # No route took it (404, 405, a handshake werkzeug refused): it spends its
-            # address's read budget as a read does, else such requests were free to send
-            # without end (docs/limits.md).
-            d = deps()
-            spent = d.limiter.acquire("read", client_address(d.config))
-            if not spent.allowed:
-                return error_response(
-                    RateLimited(
-                        "read rate limit exceeded",
-                        retry_after=spent.retry_after,
-                        limit=spent.limit,
-                        code="read_rate_limited",
-                    ),
-                    new_request_id(),
-                )
+            # No route took it (404, 405, a handshake werkzeug refused).
+            try:
+                spend_unrouted()
+            except RateLimited as refused:  # (an error handler's own error would be a 500)
+                return error_response(refused, new_request_id())
         # A WebSocket handshake on a path that only HTTP serves (`/v1/health`) is werkzeug's
         # 400 `WebsocketMismatch`: for the handshake, that path has no route, as any other.
         if exc.code == 404 or (isinstance(exc, WebsocketMismatch) and not has_request_context()):

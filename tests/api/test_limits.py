@@ -252,6 +252,26 @@ async def test_requests_no_route_takes_spend_the_address_read_budget(
     await with_harness(config, body)
 
 
+async def test_a_request_refused_before_any_route_spends_the_address_read_budget(
+    database_url: str, tmp_path: Path
+) -> None:
+    """docs/limits.md: another 4xx answered before any route spends the read budget too. A
+    Registry-Min-Sequence that is no sequence (400 before the route) spent nothing, on any path:
+    free to send without end, as a 404 was."""
+    config = make_config(database_url, tmp_path, limits={"read_per_minute": 3})
+
+    async def body(h: Harness) -> None:
+        with trio.fail_after(30):
+            client = anon_client(h)
+            bad = {"Registry-Min-Sequence": "x"}
+            for path in ("/v1/health", "/nope", "/v1/health"):
+                await error_of(await client.get(path, headers=bad), 400, "invalid_min_sequence")
+            await error_of(await client.get("/v1/health", headers=bad), 429, "read_rate_limited")
+            await error_of(await client.get("/v1/health"), 429, "read_rate_limited")
+
+    await with_harness(config, body)
+
+
 async def test_behind_a_proxy_the_budget_is_the_address_the_proxy_wrote(
     database_url: str, tmp_path: Path
 ) -> None:
