@@ -34,7 +34,7 @@ from registry.errors import (
     RegistryError,
     TooLarge,
 )
-from registry.store.routing import MIN_SEQUENCE_HEADER, READ_FLOOR, parse_floor
+from registry.store.routing import MIN_SEQUENCE_HEADER, ON_PRIMARY, READ_FLOOR, parse_floor
 
 
 class _Segment(UnicodeConverter):
@@ -143,6 +143,7 @@ def create_app(dependencies: Deps) -> QuartTrio:
         # (registry/store/routing.py); any other method's reads decide a write: the primary.
         # Set on every request, as a connection's requests may share a task.
         READ_FLOOR.set(None)
+        ON_PRIMARY.set(False)
         if scope["method"] in ("GET", "HEAD"):
             # Lines of one header are one list (RFC 9110 §5.3): two are "a, b", no sequence.
             lines = header_lines(min_sequence_header)

@@ -59,6 +59,7 @@ from registry.store import (
 from registry.store.discover import Plan, bytes_before, compile_discover
 from registry.store.pool import LeanPool
 from registry.store.routing import (
+    ON_PRIMARY,
     PRIMARY_HEAD_SECONDS,
     READ_FLOOR,
     REPLICA_DEADLINE_SECONDS,
@@ -1416,7 +1417,7 @@ class RoutedPgStore(PgStore):
         kwargs: Mapping[str, Any],
     ) -> T:
         state = self.replica_state
-        if state.serves(floor, trio.current_time()):
+        if not ON_PRIMARY.get() and state.serves(floor, trio.current_time()):
             try:
                 with trio.fail_after(REPLICA_DEADLINE_SECONDS):
                     result = await method(self._replica, *args[1:], **kwargs)
@@ -1433,8 +1434,10 @@ class RoutedPgStore(PgStore):
         # The rest of this request reads the primary too, whether the replica failed or had
         # not replayed enough (a poll may find it caught up before the next read): a newer
         # state, then an older one (an entry's head, then none of its versions) would not fit
-        # together.
-        READ_FLOOR.set(None)
+        # together. (Its floor stays: the caches answer it only once the log reaches it. A
+        # task with no floor is no GET: an actor's `log_after` tries the replica each time.)
+        if READ_FLOOR.get() is not None:
+            ON_PRIMARY.set(True)
         state.reads["primary"] += 1
         return await method(self, *args[1:], **kwargs)
 

@@ -39,6 +39,10 @@ from dataclasses import dataclass, field
 # The least sequence the current task's reads must reflect; None: this task's reads must come
 # from the primary (the default: actors and writes). Set per request by the API (GET, HEAD).
 READ_FLOOR: ContextVar[int | None] = ContextVar("registry_read_floor", default=None)
+# Set once the primary has answered one of the current request's reads in the replica's place:
+# the rest of the request reads the primary (one request, one state), its floor kept for the
+# caches (registry/caches.py). Reset per request by the API, with `READ_FLOOR`.
+ON_PRIMARY: ContextVar[bool] = ContextVar("registry_on_primary", default=False)
 
 MIN_SEQUENCE_HEADER = "Registry-Min-Sequence"
 RETRY_SECONDS = 5.0  # how long an unreachable replica is left alone before it is tried again

@@ -14,10 +14,11 @@ import pytest
 import trio
 import trio_asyncio
 
+from registry.caches import FollowedCache
 from registry.identity import DidKeyIdentity
 from registry.keys import SigningKey
 from registry.store.pg import RoutedPgStore, open_pg_store
-from registry.store.routing import READ_FLOOR, REPLICA_DEADLINE_SECONDS, RETRY_SECONDS
+from registry.store.routing import ON_PRIMARY, READ_FLOOR, REPLICA_DEADLINE_SECONDS, RETRY_SECONDS
 from service.wiring import open_service
 from tests.conftest import make_config
 from tests.db.proc import databases, query
@@ -53,8 +54,8 @@ async def test_a_hanging_replica_is_left_for_the_primary(database_url: str) -> N
                 assert state.failures == 1
                 assert state.reads["primary"] == 1
                 assert state.down_until >= trio.current_time() + RETRY_SECONDS - 1
-                assert READ_FLOOR.get() is None  # the rest of the request reads the primary
-                READ_FLOOR.set(0)
+                assert ON_PRIMARY.get()  # the rest of the request reads the primary
+                ON_PRIMARY.set(False)
                 started = trio.current_time()
                 assert await store.get_entry_head("did:web:nobody.example") is None
                 assert trio.current_time() - started < 1  # no second wait: it is left alone
@@ -62,6 +63,37 @@ async def test_a_hanging_replica_is_left_for_the_primary(database_url: str) -> N
             finally:
                 READ_FLOOR.reset(token)
         nursery.cancel_scope.cancel()
+
+
+async def test_a_get_the_primary_answered_keeps_its_floor_for_the_caches(
+    database_url: str,
+) -> None:
+    """docs/replicas.md: the caches answer no request whose Registry-Min-Sequence is past what
+    the log actor has read. Once the primary answered a GET's read in the replica's place, the
+    rest of the request was sent to the primary by dropping its floor (READ_FLOOR None), which
+    the caches read as "no floor": its later lookups were answered from what the change the
+    client named may have replaced."""
+    async with (
+        trio_asyncio.open_loop(),
+        open_pg_store(database_url, read_dsn=database_url, read_poll_seconds=10) as store,
+    ):
+        assert isinstance(store, RoutedPgStore)
+        state = store.replica_state
+        cache: FollowedCache[str, str] = FollowedCache()
+        cache.enabled = True
+        cache.followed = state.seen
+        cache.put("did:web:cached.example", "what the named change replaced", cache.epoch)
+        floor = max(state.seen, state.replayed) + 1  # a sequence no one here has read yet
+        token = READ_FLOOR.set(floor)
+        try:
+            assert await store.get_entry_head("did:web:nobody.example") is None
+            assert state.reads == {"primary": 1}  # the replica lags the floor
+            assert cache.get("did:web:cached.example") is None  # nor may the caches answer
+            state.replayed = floor  # caught up meanwhile: the request still reads the primary
+            assert await store.get_entry_head("did:web:nobody.example") is None
+            assert state.reads == {"primary": 2}
+        finally:
+            READ_FLOOR.reset(token)
 
 
 @pytest.mark.parametrize("code", ["53300", "40001"])
