@@ -1,7 +1,9 @@
--- rows: {puts: [put...], requireEntry?: did, entry?: <apply_entry_version rows>, result?: text}
+-- rows: {puts: [put...], requireEntry?: did, requireHead?: sequence, entry?: <apply_entry_version
+--        rows>, result?: text}
 -- put: {kind, id, expectedVersion (null: a new record), entryDid, ownerDid, status, expiresAtMs,
 --       uniq, doc, exists: refusal (a new record whose id exists), duplicate: refusal (uniq taken)}
--- The result is `result`, else the entry version's document.
+-- The result is `result`, else the entry version's document. `requireHead`: the decision read
+-- the entry at that head sequence (an offer names it); if it moved since, `Retry`.
 CREATE OR REPLACE FUNCTION apply_records(p_seq bigint, p_subject text, p_rows jsonb)
 RETURNS TABLE (result text, refusal jsonb)
 LANGUAGE plpgsql AS $$
@@ -18,6 +20,15 @@ BEGIN
          WHERE e.entry_did = p_rows ->> 'requireEntry' AND e.lifecycle <> 'deleted') THEN
         RETURN QUERY SELECT NULL::text, jsonb_build_object('kind', 'NotFound',
             'code', 'entry_not_found', 'message', 'entry not found',
+            'details', jsonb_build_object('entryDid', p_rows ->> 'requireEntry'));
+        RETURN;
+    END IF;
+    IF p_rows ? 'requireHead' AND NOT EXISTS (
+        SELECT 1 FROM entries e
+         WHERE e.entry_did = p_rows ->> 'requireEntry'
+           AND e.head_seq = (p_rows ->> 'requireHead')::bigint) THEN
+        RETURN QUERY SELECT NULL::text, jsonb_build_object('kind', 'Retry',
+            'code', 'entry_changed', 'message', 'the entry changed meanwhile',
             'details', jsonb_build_object('entryDid', p_rows ->> 'requireEntry'));
         RETURN;
     END IF;

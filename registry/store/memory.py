@@ -361,6 +361,11 @@ def _apply_records(
             return None, Refusal(
                 "NotFound", "entry_not_found", "entry not found", {"entryDid": required}
             )
+        head = rows.get("requireHead")  # the head the decision read: moved since, decide again
+        if head is not None and entry.head_seq != int(head):
+            return None, Refusal(
+                RETRY, "entry_changed", "the entry changed meanwhile", {"entryDid": required}
+            )
     puts: list[Mapping[str, Any]] = list(rows.get("puts") or [])
     ids = {(p["kind"], p["id"]) for p in puts}
     for p in puts:

@@ -160,7 +160,14 @@ class Transfers(RecordUseCase):
             return Change(
                 "transfer.offered",
                 entry_did,
-                rows={"requireEntry": entry_did, "puts": puts, "result": render(doc)},
+                # Under the log lock the head must still be the one read: an update (or a
+                # transfer) committed since would leave the offer naming a stale sequence.
+                rows={
+                    "requireEntry": entry_did,
+                    "requireHead": head.head_seq,
+                    "puts": puts,
+                    "result": render(doc),
+                },
                 event={
                     "offerId": offer_id,
                     "ownerDid": principal.did,

@@ -1231,3 +1231,67 @@ async def test_accept_racing_an_owner_update_lets_exactly_one_win(harness: Harne
             label = f"update won, accept {code}"
         outcomes[label] = outcomes.get(label, 0) + 1
     assert sum(outcomes.values()) == 10, outcomes
+
+
+class _PausedHeads:
+    """The transfers use-case's view of the entries, whose `live_head` reads the head and then
+    waits for `go` (after telling `read`): what a concurrent write does meanwhile lands between
+    the offer's read of the head and its append."""
+
+    def __init__(self, entries: Any) -> None:
+        self._entries = entries
+        self.read = trio.Event()
+        self.go = trio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._entries, name)
+
+    async def live_head(self, did: str, **kw: Any) -> Any:
+        found = await self._entries.live_head(did, **kw)
+        self.read.set()
+        await self.go.wait()
+        return found
+
+
+@contextmanager
+def paused_heads(w: World) -> Iterator[_PausedHeads]:
+    transfers = w.h.deps.transfers
+    saved = transfers.entries
+    paused = _PausedHeads(saved)
+    transfers.entries = paused
+    try:
+        yield paused
+    finally:
+        transfers.entries = saved
+
+
+async def test_an_offer_decided_before_an_owner_update_and_appended_after_it_is_refused(
+    world: World,
+) -> None:
+    """The offer read the head at sequence s; the owner's update to s' committed before the
+    offer's append. Appended as it was, the offer would name a sequence that is not the entry's
+    latest (it could never be accepted, and it would block every new offer): it is decided
+    again on the new head, and refused `sequence_conflict` as a stale offer is."""
+    w = world
+    s = w.entry["sequence"]
+    responses: dict[str, Any] = {}
+
+    async def offer() -> None:
+        responses["offer"] = await post(w, "/v1/transfers/offers", w.owner_t, offer_body(w))
+
+    with trio.fail_after(30), paused_heads(w) as paused:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(offer)
+            await paused.read.wait()
+            updated = await update_as_owner(w, s)
+            assert updated.status_code == 200, await updated.get_data()
+            paused.go.set()
+    error = await error_of(responses["offer"], 409, "sequence_conflict")
+    latest = (await head(w))["sequence"]
+    assert latest > s
+    assert error["details"] == {"latestSequence": latest}
+    kinds = [kind for _, kind in await log_kinds(w, s)]
+    assert "transfer.offered" not in kinds, kinds
+    # And a fresh offer of the latest sequence is not blocked by a stale one.
+    w.entry = await head(w)
+    assert (await make_offer(w))["entrySequence"] == latest
