@@ -307,6 +307,9 @@ class Bonds(RecordUseCase):
                 entry_did,
                 rows={
                     "requireEntry": entry_did,
+                    # The publisher checked is the head's that was read: a transfer committed
+                    # since would leave the bond naming the previous one.
+                    "requireHead": head.head_seq,
                     "puts": [
                         put(
                             "bond",

@@ -1254,15 +1254,16 @@ class _PausedHeads:
 
 
 @contextmanager
-def paused_heads(w: World) -> Iterator[_PausedHeads]:
-    transfers = w.h.deps.transfers
-    saved = transfers.entries
+def paused_heads(w: World, use_case: str = "transfers") -> Iterator[_PausedHeads]:
+    """`_PausedHeads` in place of the entries of the use-case `w.h.deps.<use_case>`."""
+    target = getattr(w.h.deps, use_case)
+    saved = target.entries
     paused = _PausedHeads(saved)
-    transfers.entries = paused
+    target.entries = paused
     try:
         yield paused
     finally:
-        transfers.entries = saved
+        target.entries = saved
 
 
 async def test_an_offer_decided_before_an_owner_update_and_appended_after_it_is_refused(
@@ -1295,3 +1296,44 @@ async def test_an_offer_decided_before_an_owner_update_and_appended_after_it_is_
     # And a fresh offer of the latest sequence is not blocked by a stale one.
     w.entry = await head(w)
     assert (await make_offer(w))["entrySequence"] == latest
+
+
+async def test_a_bond_decided_before_a_transfer_and_appended_after_it_is_refused(
+    database_url: str, tmp_path: Path
+) -> None:
+    """The admin's bond read the entry while the owner published it; the transfer committed
+    before the bond's append. Appended as it was, the bond would name a `publisherDid` that is
+    no longer the entry's publisher: it is decided again on the new head, and refused
+    `bond_publisher_mismatch` as it would be one after the other (docs/trust.md)."""
+    admin = SigningKey.generate()
+    config = make_config(database_url, tmp_path, auth={"admin_dids": [admin.did]})
+
+    async def body(h: Harness) -> None:
+        w = await make_world(h)
+        admin_t = await sign_in(h.client, admin)
+        offer = await make_offer(w)
+        bond = {
+            "amount": "100.00",
+            "bondId": f"bond-{uuid.uuid4().hex}",
+            "currency": "USD",
+            "entryDid": w.did,
+            "publisherDid": w.owner.did,
+        }
+        responses: dict[str, Any] = {}
+
+        async def provision() -> None:
+            responses["bond"] = await post(w, "/v1/admin/bonds", admin_t, bond)
+
+        with trio.fail_after(30), paused_heads(w, "bonds") as paused:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(provision)
+                await paused.read.wait()
+                r = await accept(w, offer["offerId"], recipient_entry(w, await head(w)))
+                assert r.status_code == 200, await r.get_data()
+                paused.go.set()
+        error = await error_of(responses["bond"], 400, "bond_publisher_mismatch")
+        assert error["details"]["publisherDid"] == w.recipient.did
+        r = await h.client.get(f"/v1/bonds/{bond['bondId']}")
+        await error_of(r, 404, "bond_not_found")
+
+    await with_harness(config, body)
