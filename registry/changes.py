@@ -21,6 +21,8 @@ from datetime import UTC, datetime, timedelta
 from functools import cached_property, lru_cache
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
+import trio
+
 from registry.errors import (
     Conflict,
     Forbidden,
@@ -298,6 +300,11 @@ class ChangeLog:
     def __init__(self, append: Append, recorder: RefusalRecorder) -> None:
         self._append = append
         self._recorder = recorder
+        # Held by a request deciding again after a `Retry`: the requests of this process that
+        # lost a race decide one at a time, so each of them finds the state the previous one
+        # left (twelve concurrent slashes of one bond all lost to one another and four of them
+        # ran out of decisions, 503 write_contended). A first decision never waits for it.
+        self._retrying = trio.Lock()
 
     async def submit(
         self, idem: IdemKey | None, decide: Callable[[], Awaitable[Change]]
@@ -318,20 +325,33 @@ class ChangeLog:
         decision saw (the entry it was about, the version it replaced): the `seen` of the
         decision whose change was appended — the last one, when a `Retry` made it decide
         again — or None when none was (the decision refused)."""
-        for _ in range(MAX_DECISIONS):
-            try:
-                decided = await decide()
-            except RegistryError as exc:
-                if idem is None or type(exc).__name__ not in RECORDED_REFUSALS:
-                    raise
-                return await self._recorder.record_refusal(idem, Refusal.of(exc)), None
-            outcome = await self._append(decided.change, idem)
-            if outcome.refusal is None or outcome.refusal.kind != RETRY:
-                return outcome, decided.seen
+        outcome, seen, moved = await self._decide_and_append(idem, decide)
+        if not moved:
+            return outcome, seen
+        async with self._retrying:
+            for _ in range(MAX_DECISIONS - 1):
+                outcome, seen, moved = await self._decide_and_append(idem, decide)
+                if not moved:
+                    return outcome, seen
         raise Unavailable(
             "the record kept changing while this request was decided; retry it",
             code="write_contended",
         )
+
+    async def _decide_and_append(
+        self, idem: IdemKey | None, decide: Callable[[], Awaitable[Decided[T]]]
+    ) -> tuple[Outcome, T | None, bool]:
+        """One decision and its append: the outcome, what the decision saw (None when it
+        refused), and whether the handler answered `Retry`."""
+        try:
+            decided = await decide()
+        except RegistryError as exc:
+            if idem is None or type(exc).__name__ not in RECORDED_REFUSALS:
+                raise
+            return await self._recorder.record_refusal(idem, Refusal.of(exc)), None, False
+        outcome = await self._append(decided.change, idem)
+        moved = outcome.refusal is not None and outcome.refusal.kind == RETRY
+        return outcome, decided.seen, moved
 
     async def submit_all(self, changes: Sequence[tuple[Change, IdemKey | None]]) -> list[Outcome]:
         return [await self._append(change, idem) for change, idem in changes]

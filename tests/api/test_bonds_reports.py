@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 from registry.keys import SigningKey
 from tests.api.api_support import JSON, RFC3339, anon_client, create, error_of, with_harness
@@ -517,6 +518,35 @@ async def test_concurrent_slashes_never_take_more_than_the_bond(world: World) ->
         key=Decimal,
     )
     assert remainders == ["10.00", "40.00", "70.00"]
+
+
+async def test_more_concurrent_slashes_than_decisions_all_take_effect(world: World) -> None:
+    # Twelve slashes released at once, each fitting: one after the other all twelve succeed.
+    # Each lost the race to the others in turn, and those that lost eight times answered 503
+    # write_contended (four of them), though nothing refused them.
+    w = world
+    bond = await provision(w, amount="100.00")
+    responses: list[Any] = []
+    go = trio.Event()
+
+    async def one() -> None:
+        await go.wait()
+        responses.append(await slash(w, bond["bondId"], "5.00"))
+
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            for _ in range(12):
+                nursery.start_soon(one)
+            await trio.testing.wait_all_tasks_blocked()
+            go.set()
+    assert [r.status_code for r in responses] == [200] * 12, [
+        await r.get_data() for r in responses if r.status_code != 200
+    ]
+    final = await get_bond(w, bond["bondId"])
+    assert final["remainingAmount"] == "40.00"
+    assert [s["amount"] for s in final["slashHistory"]] == ["5.00"] * 12
+    remainders = sorted([(await r.get_json())["remainingAmount"] for r in responses], key=Decimal)
+    assert remainders == [f"{100 - 5 * n}.00" for n in range(12, 0, -1)]
 
 
 # --- release -----------------------------------------------------------------------------------
