@@ -913,3 +913,49 @@ async def test_a_page_of_records_ends_before_the_first_past_its_bytes(
     assert await page(sizes[0] + sizes[1]) == (ids[:2], True)
     assert await page(sizes[0] + sizes[1] + 1) == (ids[:3], True)
     assert await page(sum(sizes)) == (ids, False)
+
+
+async def test_an_offer_racing_an_owner_update_never_names_a_stale_sequence(
+    autojump_clock: trio.testing.MockClock, w: World
+) -> None:
+    # The in-memory twin of apply_records' `requireHead`: the offer reads the head, the owner's
+    # update appends, then the offer appends; it is decided again, and is stale.
+    owner, recipient = party("entries.write"), party("entries.write")
+    did, seq = await publish(w, owner)
+    head = await w.store.log_head()
+    read, go = trio.Event(), trio.Event()
+    entries = w.transfers.entries
+
+    class Paused:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(entries, name)
+
+        async def live_head(self, did: str, **kw: Any) -> Any:
+            found = await entries.live_head(did, **kw)
+            read.set()
+            await go.wait()
+            return found
+
+    w.transfers.entries = Paused()  # type: ignore[assignment]
+    refusals: list[Conflict] = []
+
+    async def make() -> None:
+        body = offer_body(owner, did, seq, recipient)
+        with pytest.raises(Conflict) as refusal:  # no Idempotency-Key: raised, not recorded
+            await w.transfers.create(owner.principal, body, None)
+        refusals.append(refusal.value)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(make)
+        await read.wait()
+        entry = signed_entry(owner.key, did, sequence=seq, version="raced")
+        updated = json.loads((await w.entries.update(owner.principal, did, entry, None)).unwrap())
+        go.set()
+
+    (refusal,) = refusals
+    assert (refusal.code, refusal.details) == (
+        "sequence_conflict",
+        {"latestSequence": updated["sequence"]},
+    )
+    assert [r.kind for r in await log_since(w, head)] == ["entry.updated"]
+    await assert_log_gap_free(w)
