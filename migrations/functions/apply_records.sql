@@ -57,6 +57,15 @@ BEGIN
     END LOOP;
     IF p_rows ? 'entry' THEN
         SELECT * INTO h FROM apply_entry_version(p_seq, p_subject, p_rows -> 'entry');
+        IF h.refusal ->> 'code' = 'sequence_conflict' THEN
+            -- The decision read the entry at the version's base, which has moved since (an
+            -- owner's update or delete): decided again, it answers what it would have one
+            -- after the other (a transfer: entry_changed).
+            RETURN QUERY SELECT NULL::text, jsonb_build_object('kind', 'Retry',
+                'code', 'entry_changed', 'message', 'the entry changed meanwhile',
+                'details', jsonb_build_object('entryDid', p_subject));
+            RETURN;
+        END IF;
         IF h.refusal IS NOT NULL THEN
             RETURN QUERY SELECT NULL::text, h.refusal;
             RETURN;

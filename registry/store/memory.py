@@ -389,6 +389,11 @@ def _apply_records(
     result: str | None = rows.get("result")
     if "entry" in rows:
         doc, refusal = _apply_entry_version(tx, seq, subject, rows["entry"])
+        if refusal is not None and refusal.code == "sequence_conflict":
+            # The version's base moved since it was decided: decided again.
+            return None, Refusal(
+                RETRY, "entry_changed", "the entry changed meanwhile", {"entryDid": subject}
+            )
         if refusal is not None:
             return None, refusal
         result = result if result is not None else doc

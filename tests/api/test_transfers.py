@@ -1222,9 +1222,10 @@ async def test_accept_racing_an_owner_update_lets_exactly_one_win(harness: Harne
             assert (await get_offer(w, offer["offerId"]))["status"] == "accepted"
             label = f"accept won, update {code}"
         else:
-            # The update won: the transfer is refused as stale; the offer stays open.
+            # The update won: the transfer is refused as stale (as it would be after the
+            # update, whenever it was decided); the offer stays open.
             code = json.loads(await a.get_data())["error"]["code"]
-            assert (a.status_code, code) in ((409, "sequence_conflict"), (409, "entry_changed"))
+            assert (a.status_code, code) == (409, "entry_changed")
             assert served == await u.get_json()
             assert served["publisherDid"] == owner.did
             assert (await get_offer(w, offer["offerId"]))["status"] == "offered"
@@ -1337,3 +1338,78 @@ async def test_a_bond_decided_before_a_transfer_and_appended_after_it_is_refused
         await error_of(r, 404, "bond_not_found")
 
     await with_harness(config, body)
+
+
+class _PausedStoreHeads:
+    """A store whose `get_entry_head` reads the head and then waits for `go` (after telling
+    `read`): what accept reads the entry through."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self.read = trio.Event()
+        self.go = trio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    async def get_entry_head(self, did: str, **kw: Any) -> Any:
+        found = await self._store.get_entry_head(did, **kw)
+        self.read.set()
+        await self.go.wait()
+        return found
+
+
+class _EntriesReadThrough:
+    def __init__(self, entries: Any, store: Any) -> None:
+        self._entries = entries
+        self.store = store
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._entries, name)
+
+
+@pytest.mark.parametrize("meanwhile", ["delete", "update"])
+async def test_an_accept_overtaken_by_an_owner_change_answers_entry_changed(
+    world: World, meanwhile: str
+) -> None:
+    """The accept read the head at the offered sequence; the owner's delete (or update)
+    committed before the accept's append. One after the other the accept is `409
+    entry_changed` (its `entry.sequence` is the offered one): so it is in the race too, not
+    `sequence_conflict`, which says the accept named another sequence than the offer's."""
+    w = world
+    offer = await make_offer(w)
+    snapshot = await head(w)
+    transfers = w.h.deps.transfers
+    saved = transfers.entries
+    paused = _PausedStoreHeads(saved.store)
+    responses: dict[str, Any] = {}
+
+    async def do_accept() -> None:
+        responses["accept"] = await accept(w, offer["offerId"], recipient_entry(w, snapshot))
+
+    before = await w.h.store.log_head()
+    transfers.entries = _EntriesReadThrough(saved, paused)
+    try:
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(do_accept)
+                await paused.read.wait()
+                if meanwhile == "delete":
+                    r = await w.h.client.delete(
+                        f"/v1/entries/{w.did}", headers=bearer(w.owner_t, **idem())
+                    )
+                else:
+                    r = await update_as_owner(w, snapshot["sequence"])
+                assert r.status_code == 200, await r.get_data()
+                latest = (await r.get_json())["sequence"]
+                paused.go.set()
+    finally:
+        transfers.entries = saved
+    error = await error_of(responses["accept"], 409, "entry_changed")
+    assert error["details"] == {
+        "offeredSequence": snapshot["sequence"],
+        "latestSequence": latest,
+    }
+    assert (await get_offer(w, offer["offerId"]))["status"] == "offered"
+    kinds = [kind for _, kind in await log_kinds(w, before)]
+    assert kinds == [f"entry.{meanwhile}d"], kinds

@@ -959,3 +959,57 @@ async def test_an_offer_racing_an_owner_update_never_names_a_stale_sequence(
     )
     assert [r.kind for r in await log_since(w, head)] == ["entry.updated"]
     await assert_log_gap_free(w)
+
+
+async def test_an_accept_overtaken_by_an_owner_update_is_entry_changed(
+    autojump_clock: trio.testing.MockClock, w: World
+) -> None:
+    # The in-memory twin of apply_records turning the transfer version's sequence_conflict into
+    # Retry: the accept reads the head, the owner's update appends, then the accept appends; it
+    # is decided again, and answers what it would after the update.
+    owner, recipient = party("entries.write"), party("entries.write")
+    did, seq = await publish(w, owner)
+    offer_id = (await offer(w, owner, did, seq, recipient))["offerId"]
+    head = await w.store.log_head()
+    read, go = trio.Event(), trio.Event()
+    entries, store = w.transfers.entries, w.store
+
+    class PausedStore:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(store, name)
+
+        async def get_entry_head(self, did: str, **kw: Any) -> Any:
+            found = await store.get_entry_head(did, **kw)
+            read.set()
+            await go.wait()
+            return found
+
+    class ReadThrough:
+        store = PausedStore()
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(entries, name)
+
+    w.transfers.entries = ReadThrough()  # type: ignore[assignment]
+    outcomes: list[Outcome] = []
+
+    async def take() -> None:
+        body = accept_body(recipient, did, seq)
+        key = idem(recipient, "accept", "a", body)
+        outcomes.append(await w.transfers.accept(recipient.principal, offer_id, body, key))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(take)
+        await read.wait()
+        entry = signed_entry(owner.key, did, sequence=seq, version="raced")
+        updated = json.loads((await w.entries.update(owner.principal, did, entry, None)).unwrap())
+        go.set()
+
+    (outcome,) = outcomes
+    assert refused(outcome, Conflict, "entry_changed") == {
+        "offeredSequence": seq,
+        "latestSequence": updated["sequence"],
+    }
+    assert await offer_status(w, offer_id) == "offered"
+    assert [r.kind for r in await log_since(w, head)] == ["entry.updated"]
+    await assert_log_gap_free(w)
