@@ -40,6 +40,7 @@ from ws.transport import (
     PLAIN_ATTRIBUTE,
     ConnectionGuard,
     ConnectionLimits,
+    bound_http2_heads,
     bound_request_heads,
     end_refused_handshakes,
     install_in_hypercorn,
@@ -141,6 +142,9 @@ def _hypercorn_config(config: Config, guard: ConnectionGuard, *, hooked: bool) -
     hconfig.errorlog = logging.getLogger("hypercorn.error")
     hconfig.keep_alive_timeout = config.server.keep_alive_timeout_seconds
     hconfig.include_server_header = False
+    # A request's header list over HTTP/2 (h2 counts 32 bytes a field on top of its name and
+    # value): the bound HTTP/1.1 heads have (`bound_request_heads`), from the first frame on.
+    hconfig.h2_max_header_list_size = hconfig.h11_max_incomplete_size
     hconfig.backlog = 1024  # connections the kernel queues before accept (a burst, not a cap)
     # The guard refuses an oversized message from its header; this is the second line.
     hconfig.websocket_max_message_size = config.events.max_message_bytes
@@ -306,6 +310,7 @@ async def _serve(
                 end_refused_handshakes()  # Hypercorn's refusals end their connection
                 # A request head: 16 KiB (Hypercorn's bound of one still arriving), 100 fields.
                 bound_request_heads(HyperConfig().h11_max_incomplete_size, MAX_HEADER_FIELDS)
+                bound_http2_heads()  # Hypercorn's h2_max_header_list_size, before any ACK
                 hooked = config.server.connection_hook and install_in_hypercorn()
                 if not config.server.connection_hook:
                     log.warning(

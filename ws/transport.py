@@ -963,6 +963,29 @@ def bound_request_heads(most_bytes: int, most_fields: int) -> None:
     _readers.READERS[key] = bounded
 
 
+def bound_http2_heads() -> None:
+    """Make Hypercorn's `h2_max_header_list_size` hold from an HTTP/2 connection's first frame
+    (once; every connection, hooked or not).
+
+    h2 applies the size it advertises only once the client has acknowledged its SETTINGS: until
+    then its decoder takes a header list of 64 KiB (~2,000 fields), whatever Hypercorn's config
+    says, and a client that never acknowledges keeps that. A header list over the bound ends
+    the connection (GOAWAY, h2's `DenialOfServiceError`)."""
+    from hypercorn.protocol import h2 as h2_protocol
+
+    protocol = h2_protocol.H2Protocol
+    if getattr(protocol, "registry_bounded_heads", False):
+        return
+    init = protocol.__init__
+
+    def bounded_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        self.connection.decoder.max_header_list_size = self.config.h2_max_header_list_size
+
+    protocol.__init__ = bounded_init  # type: ignore[method-assign]
+    protocol.registry_bounded_heads = True  # type: ignore[attr-defined]
+
+
 class IdleAtShutdown:
     """Closes a connection at shutdown once it is idle, for a connection whose `FrameStream`
     enforces the keep-alive timeout. Idle: Hypercorn has answered its last request (its idle

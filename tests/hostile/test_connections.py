@@ -10,6 +10,7 @@ import socket
 import time
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -409,3 +410,40 @@ def test_empty_lines_before_a_request_line_are_ignored(server: Server) -> None:
         data += sock.recv(65536)
     sock.close()
     assert data.count(b"HTTP/1.1 200 ") == 2, data
+
+
+def _h2_get(server: Server, fields: int) -> list[Any]:
+    """GET /v1/health over HTTP/2 with prior knowledge, carrying `fields` extra header fields,
+    without ever acknowledging the server's SETTINGS: the h2 events that came back."""
+    import h2.config
+    import h2.connection
+
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    conn.initiate_connection()
+    headers = [
+        (":method", "GET"),
+        (":path", "/v1/health"),
+        (":scheme", "http"),
+        (":authority", "r"),
+    ]
+    headers += [(f"x-{i}", "a") for i in range(fields)]
+    conn.send_headers(1, headers, end_stream=True)
+    with connect(server.url) as sock:
+        sock.sendall(conn.data_to_send())  # the SETTINGS ACK is never sent
+        data, _ = read_until_closed(sock, limit=5)
+    return list(conn.receive_data(data))
+
+
+def test_an_http2_header_list_over_16_kib_ends_the_connection_before_any_acknowledgement(
+    server: Server,
+) -> None:
+    """h2 applies its advertised header list size only once the client acknowledges SETTINGS:
+    a client that never did could send 64 KiB (~2,000 fields), past the bound an HTTP/1.1
+    head has. Now Hypercorn's h2_max_header_list_size (16 KiB) holds from the first frame."""
+    import h2.events
+
+    small = _h2_get(server, 10)
+    assert any(isinstance(e, h2.events.ResponseReceived) for e in small), small
+    big = _h2_get(server, 1_000)  # ~1,000 × 37 bytes as h2 counts them: 37 KB
+    assert not any(isinstance(e, h2.events.ResponseReceived) for e in big), big
+    assert any(isinstance(e, h2.events.ConnectionTerminated) for e in big), big
