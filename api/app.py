@@ -138,6 +138,7 @@ def create_app(dependencies: Deps) -> QuartTrio:
                 f"no route for {request.path} on the metrics listener", code="route_not_found"
             )
         if isinstance(request.routing_exception, RequestRedirect):
+            spend_unrouted()  # a 308 to the path's canonical form (`//x`, `/console`)
             return _moved(request.routing_exception)
         # A GET may be answered by the read replica once it has replayed the client's floor
         # (registry/store/routing.py); any other method's reads decide a write: the primary.

@@ -232,10 +232,10 @@ async def test_read_rate_limit_is_429_with_headers(database_url: str, tmp_path: 
 async def test_requests_no_route_takes_spend_the_address_read_budget(
     database_url: str, tmp_path: Path
 ) -> None:
-    """A 404 or 405 spent no budget: an address could send them without end (each a head
-    parsed, a request context, an error answer and an access line). They spend the address's
-    read budget as a read does."""
-    config = make_config(database_url, tmp_path, limits={"read_per_minute": 3})
+    """A 404, 405 or 308 spent no budget: an address could send them without end (each a head
+    parsed, a request context, an answer and an access line). They spend the address's read
+    budget as a read does."""
+    config = make_config(database_url, tmp_path, limits={"read_per_minute": 4})
 
     async def body(h: Harness) -> None:
         with trio.fail_after(30):
@@ -243,6 +243,8 @@ async def test_requests_no_route_takes_spend_the_address_read_budget(
             await error_of(await client.get("/nope"), 404, "route_not_found")
             await error_of(await client.post("/v1/health"), 405, "method_not_allowed")
             await error_of(await client.get("/v1/%2F"), 404, "route_not_found")
+            r = await client.get("/console")  # a 308 to the canonical path spends too
+            assert r.status_code == 308, await r.get_data()
             r = await client.get("/nope")
             await error_of(r, 429, "read_rate_limited")
             assert 1 <= int(r.headers["Retry-After"]) <= 60
