@@ -988,7 +988,14 @@ def explain(exc: BaseException, args: argparse.Namespace) -> tuple[str, int]:
         return _client_error(exc, url, getattr(args, "did", None)), EXIT_FAILED
     if isinstance(exc, OSError) and exc.filename:  # e.g. the session file cannot be written
         return f"{exc.filename}: {exc.strerror}", EXIT_FAILED
+    if isinstance(exc, OSError) and exc.errno in _OUTPUT_ERRORS:  # no file named: stdout
+        return f"cannot write the output: {exc.strerror}", EXIT_FAILED
     raise exc
+
+
+# What writing standard output can fail with when it is a file on a full or failing disk
+# (`registry keygen > /dev/full`); a closed pipe is `_output_closed`.
+_OUTPUT_ERRORS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO})
 
 
 def _grant(capability: str) -> str:

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -151,3 +153,22 @@ def test_a_session_file_edited_into_another_form_is_no_session(
     offline.session_file.write_text(json.dumps({"sessions": [{"url": offline.url, **saved}]}))
     line = offline("delete", "did:web:x").error_line(status=2)
     assert line.startswith(f"registry: no saved session for {offline.url}; "), line
+
+
+def test_output_to_a_full_disk_is_one_line(offline: Cli) -> None:
+    """`registry keygen > /dev/full`: standard output cannot be written. It was "unexpected
+    error: OSError ... (a bug)"; the key file itself was written."""
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(
+            [sys.executable, "-m", "cli", "keygen", "--out", "new.key"],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+            check=False,
+            cwd=offline.home,
+            env=offline.env(),
+        )
+    assert done.returncode == 1
+    assert done.stderr == "registry: cannot write the output: No space left on device\n"
+    assert (offline.home / "new.key").exists()
