@@ -42,7 +42,15 @@ from dataclasses import dataclass, field, replace
 import trio
 
 from actors.supervisor import while_leading
-from registry.anchoring import Member, Settlement, entry_state, settle, tree_of
+from registry.anchoring import (
+    ChainStatus,
+    Member,
+    Settlement,
+    chain_answer_problem,
+    entry_state,
+    settle,
+    tree_of,
+)
 from registry.chain import Chain, ChainUnavailable
 from registry.changes import RETRY, Also, Change, IdemKey, Outcome
 from registry.config import AnchoringConfig
@@ -59,6 +67,9 @@ BACKOFF = Backoff(initial=0.5, maximum=30.0)
 TREE_IN_THREAD = 2048  # leaves above which a batch's tree is built off the event loop
 BACKFILL_PAGE = 100  # batches without a stored tree read at once
 LEADERSHIP = "anchoring"
+# The longest a chain call may take: one that has not answered by then is a failed call (a hung
+# RPC would otherwise hold every batch and every claim behind it for good).
+CHAIN_CALL_SECONDS = 30.0
 
 
 BACKLOG_READ_SECONDS = 5.0
@@ -290,13 +301,13 @@ class _Supervisor:
             # The key names the batch and its root: idempotent for this batch, and never
             # confused with another database's batch of the same number on a shared chain.
             key = f"batch-{batch.batch_id}-{tree.root[:16]}"
-            tx_id = await self.chain.submit(tree.root, key=key)
+            tx_id = await self.submit(tree.root, key)
             await self.store.record_anchor_submission(
                 batch.batch_id, tree.root, tx_id, await self.levels(tree), len(tree)
             )
             batch = replace(batch, root=tree.root, transaction_id=tx_id)
             self.open[batch.batch_id] = (batch, tree)
-        status = await self.chain.status(tx_id)
+        status = await self.status(tx_id)
         decision = settle(
             live,
             tree.root,
@@ -324,6 +335,29 @@ class _Supervisor:
             self.stats.requeued += len(decision.pending)
             self.stats.failed += len(decision.failed)
         return True
+
+    async def submit(self, root: str, key: str) -> str:
+        """The chain's `submit`, within CHAIN_CALL_SECONDS, answering a transaction id (a call
+        that hangs or answers anything else is `ChainUnavailable`: retried under the same key,
+        it gets the same transaction)."""
+        with trio.move_on_after(CHAIN_CALL_SECONDS):
+            tx_id: object = await self.chain.submit(root, key=key)
+            if not isinstance(tx_id, str) or not tx_id:
+                raise ChainUnavailable(f"submit answered {tx_id!r}, not a transaction id")
+            return tx_id
+        raise ChainUnavailable(f"submit did not answer within {CHAIN_CALL_SECONDS:g}s")
+
+    async def status(self, tx_id: str) -> ChainStatus:
+        """The chain's `status`, within CHAIN_CALL_SECONDS, and one the port allows
+        (`chain_answer_problem`); else `ChainUnavailable`, and the batch is polled again."""
+        with trio.move_on_after(CHAIN_CALL_SECONDS):
+            status: object = await self.chain.status(tx_id)
+            problem = chain_answer_problem(status)
+            if problem is not None:
+                raise ChainUnavailable(f"status answered {problem}")
+            assert isinstance(status, ChainStatus)
+            return status
+        raise ChainUnavailable(f"status did not answer within {CHAIN_CALL_SECONDS:g}s")
 
     def settle_change(self, batch_id: int, live: list[Member], s: Settlement) -> Change:
         rows: dict[str, object] = {

@@ -105,6 +105,33 @@ class ChainStatus:
     block_time_ms: int | None = None
 
 
+def chain_answer_problem(status: object) -> str | None:
+    """What is wrong with a chain's answer to `status`, or None when it is one the port allows
+    (registry/chain.py): `pending`, `dropped`, or `included` with its block's height, hash and
+    time, its confirmations and the root the transaction carries. Anything else is an answer
+    nothing can be decided on (the supervisor takes it as `ChainUnavailable`): taken at its word,
+    an `included` without its block would confirm an anchor that names no block, and an unknown
+    state would read as dropped and anchor the batch again."""
+    if not isinstance(status, ChainStatus):
+        return f"a status that is a {type(status).__name__}, not a ChainStatus"
+    if status.state in ("pending", "dropped"):
+        return None
+    if status.state != "included":
+        return f"an unknown transaction state {status.state!r}"
+    fields = {
+        "block_height": status.block_height,
+        "confirmations": status.confirmations,
+        "block_time_ms": status.block_time_ms,
+    }
+    for name, value in fields.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            return f"an included transaction whose {name} is {value!r}"
+    for name, text in (("block_hash", status.block_hash), ("block_root", status.block_root)):
+        if not isinstance(text, str) or not text:
+            return f"an included transaction whose {name} is {text!r}"
+    return None
+
+
 @dataclass(frozen=True)
 class Settlement:
     outcome: Literal["confirmed", "dropped"]

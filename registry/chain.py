@@ -10,6 +10,8 @@
   transaction put in that block, the block's time) or `dropped` (unknown: never seen, dropped,
   or removed by a re-org).
 - Any call may raise `ChainUnavailable` (an RPC failure): the supervisor backs off and retries.
+  It treats a call that hangs past `CHAIN_CALL_SECONDS` (actors/anchoring.py), or answers
+  outside the above (`registry.anchoring.chain_answer_problem`), the same way.
 
 A real chain adapter implements these two calls (an EVM client, for example, would put the root
 in a transaction's calldata or a contract event and read the receipt and the head).

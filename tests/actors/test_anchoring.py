@@ -10,7 +10,7 @@ import itertools
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
@@ -525,6 +525,103 @@ async def test_rpc_errors_back_off_and_lose_no_intent(
         assert handle.stats.chain_errors == 9
         assert handle.stats.batches == 2
         assert [row.attempts for row in await rows(rig.store, intents)] == [1] * 5
+        await assert_anchored_once(rig, intents)
+        await assert_one_transaction_per_batch(rig, intents)
+
+
+BLOCKLESS = "blockless"  # the chain's own `included`, without its block's height, hash or time
+
+
+class Hostile:
+    """A `Chain` over the local chain whose next calls hang for good (`hangs`: in turn, the
+    call that hangs next), or answer
+    the next of `submits` / `statuses` (BLOCKLESS: the chain's own answer once it is
+    `included`, stripped of its block and made final), before it answers as the chain does."""
+
+    def __init__(
+        self,
+        inner: Chain,
+        *,
+        hangs: tuple[str, ...] = (),
+        submits: tuple[object, ...] = (),
+        statuses: tuple[object, ...] = (),
+    ) -> None:
+        self.inner = inner
+        self.hangs = list(hangs)
+        self.submits = list(submits)
+        self.statuses = list(statuses)
+        self.answered: list[object] = []
+
+    async def _hang(self, call: str) -> None:
+        if self.hangs and self.hangs[0] == call:
+            self.hangs.pop(0)
+            await trio.sleep_forever()
+
+    async def submit(self, root: str, *, key: str) -> str:
+        await self._hang("submit")
+        if not self.submits:
+            return await self.inner.submit(root, key=key)
+        self.answered.append(self.submits.pop(0))
+        return self.answered[-1]  # type: ignore[return-value]
+
+    async def status(self, tx_id: str) -> ChainStatus:
+        await self._hang("status")
+        real = await self.inner.status(tx_id)
+        if not self.statuses or (self.statuses[0] == BLOCKLESS and real.state != "included"):
+            return real
+        answer = self.statuses.pop(0)
+        self.answered.append(answer)
+        if answer == BLOCKLESS:
+            return replace(
+                real, block_height=None, block_hash=None, block_time_ms=None, confirmations=99
+            )
+        return answer  # type: ignore[return-value]
+
+
+async def test_a_chain_call_that_never_answers_fails_and_is_retried(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A hung RPC is a failed call after CHAIN_CALL_SECONDS, not a supervisor stopped for good:
+    the submission and a poll hang, and the batch is still confirmed, once."""
+    async with open_rig(depth=2, latency=0.0) as rig:
+        intents = await publish(rig.store, 3)
+        chain = Hostile(rig.client, hangs=("submit", "status"))
+        handle = AnchoringHandle()
+        async with running(rig, handle, chain):
+            await wait_for_states(rig.store, intents, "confirmed", within=300)
+        assert handle.stats.chain_errors == 2
+        assert handle.stats.last_error == "chain: status did not answer within 30s"
+        assert [row.attempts for row in await rows(rig.store, intents)] == [1] * 3
+        await assert_anchored_once(rig, intents)
+        await assert_one_transaction_per_batch(rig, intents)
+
+
+async def test_chain_answers_outside_the_port_are_failed_calls_never_settlements(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A submission that answers no transaction id, an `included` without its block (it
+    confirmed an anchor naming no block, whose GET /v1/anchors record could not be written), an
+    unknown state (it read as dropped and anchored the batch again) and a status that is no
+    ChainStatus at all (it ended the process): each is a failed call, retried."""
+    async with open_rig(depth=2, latency=0.0) as rig:
+        intents = await publish(rig.store, 3)
+        submits: tuple[object, ...] = (None, "")
+        statuses: tuple[object, ...] = (
+            BLOCKLESS,
+            ChainStatus("confirmed"),  # type: ignore[arg-type]
+            {"state": "included"},
+            None,
+        )
+        chain = Hostile(rig.client, submits=submits, statuses=statuses)
+        handle = AnchoringHandle()
+        async with running(rig, handle, chain):
+            await wait_for_states(rig.store, intents, "confirmed", within=300)
+        assert chain.answered == [*submits, *statuses]
+        assert handle.stats.chain_errors == len(submits) + len(statuses)
+        assert handle.stats.requeued == 0
+        assert [row.attempts for row in await rows(rig.store, intents)] == [1] * 3
+        for row in await rows(rig.store, intents):
+            assert row.receipts[-1].anchor_time_ms is not None
         await assert_anchored_once(rig, intents)
         await assert_one_transaction_per_batch(rig, intents)
 

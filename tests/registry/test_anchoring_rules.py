@@ -4,6 +4,7 @@ submitted batch settles (pending, not final yet, confirmed, dropped / re-orged, 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from hypothesis import given
@@ -15,6 +16,7 @@ from registry.anchoring import (
     ChainStatus,
     Member,
     Settlement,
+    chain_answer_problem,
     control,
     entry_state,
     settle,
@@ -257,3 +259,31 @@ def test_backoff_grows_with_attempts_up_to_the_ceiling() -> None:
         assert decision is not None
         delays.append(decision.available_at_ms - NOW)
     assert delays == [500, 1000, 2000, 150_000]
+
+
+@pytest.mark.parametrize(
+    "status",
+    [ChainStatus("pending"), ChainStatus("dropped"), included(0), included(5)],
+)
+def test_the_ports_answers_are_well_formed(status: ChainStatus) -> None:
+    assert chain_answer_problem(status) is None
+
+
+@pytest.mark.parametrize(
+    ("status", "problem"),
+    [
+        (None, "a status that is a NoneType, not a ChainStatus"),
+        ({"state": "included"}, "a status that is a dict, not a ChainStatus"),
+        (ChainStatus("confirmed"), "an unknown transaction state 'confirmed'"),  # type: ignore[arg-type]
+        (ChainStatus("included"), "an included transaction whose block_height is None"),
+        (replace(included(3), block_height=True), "whose block_height is True"),
+        (replace(included(3), confirmations=-1), "whose confirmations is -1"),
+        (replace(included(3), block_time_ms=None), "whose block_time_ms is None"),
+        (replace(included(3), block_hash=""), "whose block_hash is ''"),
+        (replace(included(3), block_root=None), "whose block_root is None"),
+    ],
+)
+def test_answers_outside_the_port_are_named(status: object, problem: str) -> None:
+    found = chain_answer_problem(status)
+    assert found is not None
+    assert found.endswith(problem)
