@@ -57,6 +57,7 @@ from registry.config import AnchoringConfig
 from registry.errors import Unavailable
 from registry.histogram import Histogram
 from registry.merkle import MerkleTree
+from registry.outage import ConditionLog
 from registry.ratelimit import Backoff
 from registry.store import AnchorStore, OpenBatch
 
@@ -159,6 +160,8 @@ class _Supervisor:
         self.claimed_at: dict[int, int] = {}  # batch id → clock_ms() of its claim (this run)
         self.backlog_read_at = -math.inf
         self.last_claim_full = False
+        # Chain calls failing for some batches while others answer (logged as one condition).
+        self.failing = ConditionLog("anchoring: chain calls of some batches")
         # How long to wait before polling a submitted batch again: a fraction of a block.
         self.poll_seconds = min(config.block_interval_seconds / 4, 1.0)
 
@@ -227,13 +230,40 @@ class _Supervisor:
                     self.open[batch.batch_id] = (batch, await self.tree(batch))
             self.loaded = True
         busy = False
+        # A chain call failed for one batch does not hold the others back: each batch goes on,
+        # and so does the claim unless a submission failed (the chain takes no transaction
+        # now); only when no call got an answer is the chain unavailable.
+        failed: list[ChainUnavailable] = []
+        answered = unsent = False
         for batch_id in sorted(self.open):  # oldest first
             held = self.open.get(batch_id)
             if held is not None:
-                busy = await self.advance(*held) or busy
-        if self.loaded and self.may_claim():  # (after a refused settle: once read again)
-            busy = await self.claim() or busy
+                try:
+                    busy = await self.advance(*held) or busy
+                    answered = True
+                except ChainUnavailable as exc:
+                    failed.append(exc)
+                    unsent = unsent or self.open[batch_id][0].transaction_id is None
+        # (After a refused settle, a claim waits for the batches to be read again.)
+        if not unsent and self.loaded and self.may_claim():
+            try:
+                claimed = await self.claim()
+                busy = claimed or busy
+                answered = answered or claimed
+            except ChainUnavailable as exc:
+                failed.append(exc)
         self.stats.in_flight = len(self.open)
+        if failed:
+            self.stats.chain_errors += len(failed) - (0 if answered else 1)
+            if not answered:
+                raise failed[0]  # counted by the loop, which backs off
+            self.stats.last_error = f"chain: {failed[-1]}"
+            # A transaction that keeps failing is polled every round: a line a minute at most.
+            line = self.failing.failed(f"chain unavailable ({failed[-1]})", trio.current_time())
+        else:
+            line = self.failing.succeeded(trio.current_time())
+        if line is not None:
+            log.warning("%s", line)
         if trio.current_time() - self.backlog_read_at >= BACKLOG_READ_SECONDS:
             self.backlog_read_at = trio.current_time()
             backlog = await self.store.anchoring_overview(0)

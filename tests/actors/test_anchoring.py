@@ -22,7 +22,7 @@ from actors.anchoring import AnchoringHandle, run_anchoring
 from actors.chain import LocalChainClient, run_local_chain
 from actors.supervisor import SupervisorStats, supervise
 from registry.anchoring import ChainStatus, with_anchor_state
-from registry.chain import Chain, LocalChain
+from registry.chain import Chain, ChainUnavailable, LocalChain
 from registry.changes import Change, IdemKey, LogRecord, Outcome, Refusal
 from registry.config import AnchoringConfig
 from registry.errors import Unavailable
@@ -622,6 +622,62 @@ async def test_chain_answers_outside_the_port_are_failed_calls_never_settlements
         assert [row.attempts for row in await rows(rig.store, intents)] == [1] * 3
         for row in await rows(rig.store, intents):
             assert row.receipts[-1].anchor_time_ms is not None
+        await assert_anchored_once(rig, intents)
+        await assert_one_transaction_per_batch(rig, intents)
+
+
+class FailsForTheFirst:
+    """A `Chain` over the local chain whose status of the first transaction submitted fails
+    (`ChainUnavailable`) until `heal()`: an RPC that fails for one transaction only."""
+
+    def __init__(self, inner: Chain) -> None:
+        self.inner = inner
+        self.first: str | None = None
+        self.healed = False
+        self.failures = 0
+
+    def heal(self) -> None:
+        self.healed = True
+
+    async def submit(self, root: str, *, key: str) -> str:
+        tx_id = await self.inner.submit(root, key=key)
+        self.first = self.first or tx_id
+        return tx_id
+
+    async def status(self, tx_id: str) -> ChainStatus:
+        if tx_id == self.first and not self.healed:
+            self.failures += 1
+            raise ChainUnavailable("this transaction's receipt cannot be read")
+        return await self.inner.status(tx_id)
+
+
+async def test_a_chain_call_failing_for_one_batch_holds_no_other_back(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The status of the oldest open batch's transaction fails, call after call: the batches
+    after it are still submitted, polled and confirmed (before, every step stopped at the
+    oldest batch's failure, and nothing behind it moved); once it answers, it is confirmed."""
+    async with open_rig(depth=2, batch_size=2, latency=0.0) as rig:
+        intents = await publish(rig.store, 6)
+        chain = FailsForTheFirst(rig.client)
+        handle = AnchoringHandle()
+        async with running(rig, handle, chain):
+            await wait_for_states(rig.store, intents[2:], "confirmed", within=60)
+            assert {row.state for row in await rows(rig.store, intents[:2])} == {"submitted"}
+            assert chain.failures > 0
+            assert handle.stats.chain_errors == chain.failures
+            assert handle.stats.last_error == "chain: this transaction's receipt cannot be read"
+            chain.heal()
+            await wait_for_states(rig.store, intents[:2], "confirmed", within=60)
+        assert [row.attempts for row in await rows(rig.store, intents)] == [1] * 6
+        # While the others answered, its failures were one condition: a line, then its end.
+        lines = [r.getMessage() for r in caplog.records if "of some batches" in r.getMessage()]
+        assert len(lines) == 2, lines
+        assert lines[0] == (
+            "anchoring: chain calls of some batches:"
+            " chain unavailable (this transaction's receipt cannot be read)"
+        )
+        assert lines[1].startswith("anchoring: chain calls of some batches: back after")
         await assert_anchored_once(rig, intents)
         await assert_one_transaction_per_batch(rig, intents)
 
