@@ -17,10 +17,10 @@ Lines and columns count from 1; columns count characters (code points). See docs
 
 from __future__ import annotations
 
-import functools
 import math
 import re
 import unicodedata
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any, NoReturn, cast
 
@@ -512,20 +512,57 @@ def parse_registryql(text: str) -> RegistryQuery:
     """Parse a RegistryQL query; `Invalid` (code `invalid_registryql`) names where it fails.
 
     Parsing costs ~0.2 ms, more than answering a cached page, so the queries of up to
-    `MEMO_TEXT_CHARS` characters last parsed are remembered (a `RegistryQuery` is immutable;
-    errors are not remembered)."""
-    if len(text) <= MEMO_TEXT_CHARS:
-        return _parse_remembered(text)
-    return _parse(text)
+    `MEMO_TEXT_CHARS` characters last parsed are remembered (`_Memo`; a `RegistryQuery` is
+    immutable; errors are not remembered)."""
+    if len(text) > MEMO_TEXT_CHARS:
+        return _parse(text)
+    query = _MEMO.get(text)
+    if query is None:
+        query = _parse(text)
+        _MEMO.put(text, query)
+    return query
 
 
 MEMO_TEXT_CHARS = 1024
 MEMO_QUERIES = 4096
+# The memo's texts together, in characters. A parsed query holds up to ~19 bytes a character
+# of its text (tracemalloc: 1,000 characters of `NOT NOT … name = 'x' OR …` hold 18 KB), so
+# this bounds the memo to ~5 MiB whatever clients send, and still holds 4,096 queries of 64
+# characters. By count alone, 4,096 queries of 1,024 characters held ~76 MiB.
+MEMO_CHARS = 256 * 1024
 
 
-@functools.lru_cache(maxsize=MEMO_QUERIES)
-def _parse_remembered(text: str) -> RegistryQuery:
-    return _parse(text)
+class _Memo:
+    """The queries last parsed, by text, the least recently used first out: at most `most`
+    of them, and at most `most_chars` characters of text in all. Used from the one Trio
+    thread (the API's), with no `await` inside."""
+
+    def __init__(self, most: int, most_chars: int) -> None:
+        self._queries: OrderedDict[str, RegistryQuery] = OrderedDict()
+        self._most = most
+        self._most_chars = most_chars
+        self.chars = 0
+
+    def get(self, text: str) -> RegistryQuery | None:
+        query = self._queries.get(text)
+        if query is not None:
+            self._queries.move_to_end(text)
+        return query
+
+    def put(self, text: str, query: RegistryQuery) -> None:
+        if text in self._queries or len(text) > self._most_chars:
+            return
+        self._queries[text] = query
+        self.chars += len(text)
+        while len(self._queries) > self._most or self.chars > self._most_chars:
+            oldest, _ = self._queries.popitem(last=False)
+            self.chars -= len(oldest)
+
+    def __len__(self) -> int:
+        return len(self._queries)
+
+
+_MEMO = _Memo(MEMO_QUERIES, MEMO_CHARS)
 
 
 def _parse(text: str) -> RegistryQuery:

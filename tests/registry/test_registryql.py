@@ -767,3 +767,34 @@ def test_parses_are_remembered_but_errors_are_raised_every_time() -> None:
     long = "DISCOVER * WHERE name = '" + "x" * MEMO_TEXT_CHARS + "'"
     assert parse_registryql(long) == parse_registryql(long)
     assert parse_registryql(long) is not parse_registryql(long)  # too long to remember
+
+
+def test_the_memo_holds_a_bounded_size_of_queries_whatever_their_shape() -> None:
+    """Hostile review: the memo kept the last 4,096 queries of up to 1,024 characters, and a
+    query of that length parses into up to ~19 KB (`NOT NOT … name = '…' OR …`): any client
+    could make it hold ~76 MiB, past every documented cache. Its texts are bounded in all."""
+    import gc
+    import tracemalloc
+
+    from registry.registryql import MEMO_CHARS, MEMO_TEXT_CHARS
+
+    def hostile(i: int) -> str:
+        term = f"NOT NOT NOT NOT NOT NOT NOT NOT name = 'm{i}'"
+        text = "DISCOVER * WHERE " + " OR ".join([term] * 20)
+        assert len(text) <= MEMO_TEXT_CHARS  # each one is remembered
+        return text
+
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(1000):  # ~18 MB if every one is kept
+            parse_registryql(hostile(i))
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert MEMO_CHARS * 19 <= 6 * 2**20  # the bound as measured: ~19 bytes a character
+    assert held < 8 * 2**20, f"{held / 2**20:.1f} MiB held after 1,000 queries"
+    recent = hostile(999)
+    assert parse_registryql(recent) is parse_registryql(recent)  # the latest are remembered
