@@ -1234,32 +1234,36 @@ async def test_accept_racing_an_owner_update_lets_exactly_one_win(harness: Harne
     assert sum(outcomes.values()) == 10, outcomes
 
 
-class _PausedHeads:
-    """The transfers use-case's view of the entries, whose `live_head` reads the head and then
-    waits for `go` (after telling `read`): what a concurrent write does meanwhile lands between
-    the offer's read of the head and its append."""
+class _PausedRead:
+    """`inner` whose method `name` reads and then waits for `go` (after telling `read`): what a
+    concurrent write does meanwhile lands between a decision's read and its append."""
 
-    def __init__(self, entries: Any) -> None:
-        self._entries = entries
+    def __init__(self, inner: Any, name: str) -> None:
+        self._inner = inner
+        self._name = name
         self.read = trio.Event()
         self.go = trio.Event()
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._entries, name)
+    def __getattr__(self, attr: str) -> Any:
+        found = getattr(self._inner, attr)
+        if attr != self._name:
+            return found
 
-    async def live_head(self, did: str, **kw: Any) -> Any:
-        found = await self._entries.live_head(did, **kw)
-        self.read.set()
-        await self.go.wait()
-        return found
+        async def paused(*args: Any, **kw: Any) -> Any:
+            result = await found(*args, **kw)
+            self.read.set()
+            await self.go.wait()
+            return result
+
+        return paused
 
 
 @contextmanager
-def paused_heads(w: World, use_case: str = "transfers") -> Iterator[_PausedHeads]:
-    """`_PausedHeads` in place of the entries of the use-case `w.h.deps.<use_case>`."""
+def paused_heads(w: World, use_case: str = "transfers") -> Iterator[_PausedRead]:
+    """The entries of the use-case `w.h.deps.<use_case>`, their `live_head` paused."""
     target = getattr(w.h.deps, use_case)
     saved = target.entries
-    paused = _PausedHeads(saved)
+    paused = _PausedRead(saved, "live_head")
     target.entries = paused
     try:
         yield paused
@@ -1340,25 +1344,6 @@ async def test_a_bond_decided_before_a_transfer_and_appended_after_it_is_refused
     await with_harness(config, body)
 
 
-class _PausedStoreHeads:
-    """A store whose `get_entry_head` reads the head and then waits for `go` (after telling
-    `read`): what accept reads the entry through."""
-
-    def __init__(self, store: Any) -> None:
-        self._store = store
-        self.read = trio.Event()
-        self.go = trio.Event()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._store, name)
-
-    async def get_entry_head(self, did: str, **kw: Any) -> Any:
-        found = await self._store.get_entry_head(did, **kw)
-        self.read.set()
-        await self.go.wait()
-        return found
-
-
 class _EntriesReadThrough:
     def __init__(self, entries: Any, store: Any) -> None:
         self._entries = entries
@@ -1381,7 +1366,7 @@ async def test_an_accept_overtaken_by_an_owner_change_answers_entry_changed(
     snapshot = await head(w)
     transfers = w.h.deps.transfers
     saved = transfers.entries
-    paused = _PausedStoreHeads(saved.store)
+    paused = _PausedRead(saved.store, "get_entry_head")  # what accept reads the entry by
     responses: dict[str, Any] = {}
 
     async def do_accept() -> None:

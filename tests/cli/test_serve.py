@@ -14,6 +14,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -28,10 +30,10 @@ from tests.cli.cli_support import Cli
 from tests.db.proc import (
     Server,
     free_port,
+    migration_waiters,
     migrations_held,
     query,
     run_server,
-    waiting_for_migrations,
 )
 from tests.helpers import entry_template
 
@@ -398,8 +400,11 @@ def test_the_service_serves_at_once_with_the_smallest_pool_it_accepts(
         assert answer.status_code == 404
 
 
-def _migrate(cli: Cli, *args: str | Path) -> subprocess.Popen[str]:
-    return subprocess.Popen(
+@contextmanager
+def _migrate_waiting(cli: Cli, url: str, *args: str | Path) -> Iterator[subprocess.Popen[str]]:
+    """`registry migrate *args` (its database `url`), once it waits for the migrations' lock
+    (the caller holds it: `migrations_held`); killed at the end if it still runs."""
+    migrate = subprocess.Popen(
         [sys.executable, "-m", "cli", "migrate", *map(str, args)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -407,14 +412,32 @@ def _migrate(cli: Cli, *args: str | Path) -> subprocess.Popen[str]:
         cwd=cli.home,
         env=cli.env(),
     )
+    try:
+        deadline = time.monotonic() + 60
+        while not migration_waiters(url):
+            assert migrate.poll() is None, migrate.communicate()
+            assert time.monotonic() < deadline, "migrate never waited for the migrations' lock"
+            time.sleep(0.05)
+        yield migrate
+    finally:
+        if migrate.poll() is None:
+            migrate.kill()
+            migrate.wait()
 
 
-def _until_waiting_for_migrations(url: str, migrate: subprocess.Popen[str]) -> None:
-    deadline = time.monotonic() + 60
-    while waiting_for_migrations(url) == 0:
-        assert migrate.poll() is None, migrate.communicate()
-        assert time.monotonic() < deadline, "migrate never waited for the migrations' lock"
-        time.sleep(0.05)
+@contextmanager
+def _embedded_cluster() -> Iterator[tuple[Path, Cli, EmbeddedPostgres, str]]:
+    """A running embedded cluster in a fresh data directory (a `migrate --data-dir` of it reuses
+    it), a CLI beside it, and its DSN; stopped and removed at the end."""
+    top = Path(tempfile.mkdtemp(prefix="registry-migrate-"))
+    top.chmod(0o755)  # reachable by the cluster's OS user (as root: postgres)
+    data_dir = top / "data"
+    embedded = EmbeddedPostgres(data_dir)
+    try:
+        yield data_dir, Cli(top / "cli"), embedded, embedded.start()
+    finally:
+        embedded.stop()
+        shutil.rmtree(top, ignore_errors=True)
 
 
 def test_migrate_waiting_for_another_migration_stops_on_sigint(
@@ -423,20 +446,16 @@ def test_migrate_waiting_for_another_migration_stops_on_sigint(
     """Ctrl-C did not stop `registry migrate` while it waited for another process's
     migrations (only SIGKILL or SIGTERM's default did); it stops, status 130, one line."""
     cli = Cli(tmp_path)
-    with migrations_held(database_url):
-        migrate = _migrate(cli, "--database-url", database_url)
-        try:
-            _until_waiting_for_migrations(database_url, migrate)
-            migrate.send_signal(signal.SIGINT)
-            _, stderr = migrate.communicate(timeout=30)
-        finally:
-            if migrate.poll() is None:
-                migrate.kill()
-                migrate.wait()
+    with (
+        migrations_held(database_url),
+        _migrate_waiting(cli, database_url, "--database-url", database_url) as migrate,
+    ):
+        migrate.send_signal(signal.SIGINT)
+        _, stderr = migrate.communicate(timeout=30)
     assert migrate.returncode == 130, stderr
     assert "Traceback" not in stderr, stderr
     assert stderr.splitlines()[-1].startswith("registry: migrate interrupted; "), stderr
-    assert waiting_for_migrations(database_url) == 0
+    assert not migration_waiters(database_url)
 
 
 def test_migrate_holds_the_embedded_data_dir_until_it_ends() -> None:
@@ -444,39 +463,14 @@ def test_migrate_holds_the_embedded_data_dir_until_it_ends() -> None:
     `serve` (or `migrate`) started meanwhile shared its embedded cluster, which the first
     one's stop at its end took away. Now it is `in use` until the first ends (here by SIGTERM,
     while it waits for the migrations' lock: the cluster is stopped again, status 130)."""
-    top = Path(tempfile.mkdtemp(prefix="registry-migrate-"))
-    top.chmod(0o755)  # reachable by the cluster's OS user (as root: postgres)
-    data_dir = top / "data"
-    cli = Cli(top / "cli")
-    embedded = EmbeddedPostgres(data_dir)
-    try:
-        dsn = embedded.start()  # reused by the migrate below
-        with migrations_held(dsn):
-            first = _migrate(cli, "--data-dir", data_dir)
-            try:
-                _until_waiting_for_migrations(dsn, first)
-                line = cli("migrate", "--data-dir", data_dir).error_line()
-                assert line.startswith(f"registry: {data_dir} is in use by a running registry ")
-                first.send_signal(signal.SIGTERM)
-                _, stderr = first.communicate(timeout=60)
-            finally:
-                if first.poll() is None:
-                    first.kill()
-                    first.wait()
+    with _embedded_cluster() as (data_dir, cli, _, dsn):
+        with migrations_held(dsn), _migrate_waiting(cli, dsn, "--data-dir", data_dir) as first:
+            line = cli("migrate", "--data-dir", data_dir).error_line()
+            assert line.startswith(f"registry: {data_dir} is in use by a running registry ")
+            first.send_signal(signal.SIGTERM)
+            _, stderr = first.communicate(timeout=60)
         assert first.returncode == 130, stderr
         assert not (data_dir / "postgres" / "postmaster.pid").exists()
-    finally:
-        embedded.stop()
-        shutil.rmtree(top, ignore_errors=True)
-
-
-def _waiting_pid(url: str) -> int:
-    [row] = query(
-        url,
-        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
-        " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
-    )
-    return int(row["pid"])
 
 
 def test_a_database_connection_lost_during_the_migrations_is_one_line(
@@ -486,16 +480,13 @@ def test_a_database_connection_lost_during_the_migrations_is_one_line(
     closed connection) replaced the error with `InterfaceError: connection is closed`, an
     `unexpected error ... (a bug)`."""
     cli = Cli(tmp_path)
-    with migrations_held(database_url):
-        migrate = _migrate(cli, "--database-url", database_url)
-        try:
-            _until_waiting_for_migrations(database_url, migrate)
-            query(database_url, "SELECT pg_terminate_backend($1)", _waiting_pid(database_url))
-            _, stderr = migrate.communicate(timeout=30)
-        finally:
-            if migrate.poll() is None:
-                migrate.kill()
-                migrate.wait()
+    with (
+        migrations_held(database_url),
+        _migrate_waiting(cli, database_url, "--database-url", database_url) as migrate,
+    ):
+        [waiting] = migration_waiters(database_url)
+        query(database_url, "SELECT pg_terminate_backend($1)", waiting)
+        _, stderr = migrate.communicate(timeout=30)
     assert migrate.returncode == 1, stderr
     line = stderr.splitlines()[-1]
     assert line.startswith(f"registry: cannot use the database at {database_url}: "), stderr
@@ -505,26 +496,10 @@ def test_a_database_connection_lost_during_the_migrations_is_one_line(
 def test_an_embedded_cluster_that_stops_during_the_migrations_is_one_line() -> None:
     """Also a cluster that is gone when `migrate` stops it at the end (its pid file read, then
     removed) was an error of its own (`pg_ctl stop failed ... Is server running?`)."""
-    top = Path(tempfile.mkdtemp(prefix="registry-migrate-"))
-    top.chmod(0o755)  # reachable by the cluster's OS user (as root: postgres)
-    data_dir = top / "data"
-    cli = Cli(top / "cli")
-    embedded = EmbeddedPostgres(data_dir)
-    try:
-        dsn = embedded.start()  # reused by the migrate below
-        with migrations_held(dsn):
-            migrate = _migrate(cli, "--data-dir", data_dir)
-            try:
-                _until_waiting_for_migrations(dsn, migrate)
-                embedded.control("stop", "-m", "immediate")
-                _, stderr = migrate.communicate(timeout=60)
-            finally:
-                if migrate.poll() is None:
-                    migrate.kill()
-                    migrate.wait()
+    with _embedded_cluster() as (data_dir, cli, embedded, dsn):
+        with migrations_held(dsn), _migrate_waiting(cli, dsn, "--data-dir", data_dir) as migrate:
+            embedded.control("stop", "-m", "immediate")
+            _, stderr = migrate.communicate(timeout=60)
         assert migrate.returncode == 1, stderr
         line = stderr.splitlines()[-1]
         assert line.startswith(f"registry: the embedded PostgreSQL of {data_dir} failed: "), stderr
-    finally:
-        embedded.stop()
-        shutil.rmtree(top, ignore_errors=True)

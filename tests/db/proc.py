@@ -154,14 +154,14 @@ def migrations_held(database_url: str) -> Iterator[threading.Event]:
         thread.join(60)
 
 
-def waiting_for_migrations(url: str) -> int:
-    """How many sessions of `url`'s database wait for an advisory lock (the migrations')."""
-    [row] = query(
+def migration_waiters(url: str) -> list[int]:
+    """The backends of `url`'s database that wait for an advisory lock (the migrations')."""
+    rows = query(
         url,
-        "SELECT count(*) AS n FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
         " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
     )
-    return int(row["n"])
+    return [int(row["pid"]) for row in rows]
 
 
 @contextmanager
